@@ -1,0 +1,132 @@
+"""Parameters and FLOPs, by the chapter's formulas and by counting the actual tensors.
+
+The chapter's rules, with d = d_model and biases and norms ignored:
+    attention  4 d^2             (GQA: 2 d^2 + 2 d h_kv d_head)
+    MLP        8 d^2             (in general 2 d d_ff; SwiGLU 3 d d_ff)
+    block      12 d^2
+    forward    2 N FLOPs per token, + 4 L d per layer for the attention core at context L
+    training   6 N D FLOPs for D tokens
+
+    >>> round(count(ModelConfig.from_name("gpt2")).non_embedding / 1e6)
+    85
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+
+from .config import ModelConfig
+from .model import GPT
+
+
+@dataclass(frozen=True)
+class Formula:
+    """Parameter counts of one block by the chapter's formulas (weights only)."""
+
+    attention: int
+    mlp: int
+    block: int
+    non_embedding: int  # n_layers * block
+
+
+def formula(cfg: ModelConfig) -> Formula:
+    d = cfg.d_model
+    attention = 2 * d * d + 2 * d * cfg.kv_heads * cfg.head_dim  # W_Q, W_O + the (maybe shared) W_K, W_V
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * d * cfg.hidden
+    return Formula(attention, mlp, attention + mlp, cfg.n_layers * (attention + mlp))
+
+
+@dataclass(frozen=True)
+class Count:
+    """Exact parameter counts of the real tensors, by component; shared tensors counted once."""
+
+    embedding: int  # the token embedding table (a lookup, not a matmul)
+    positions: int  # learned position table, 0 with RoPE
+    attention: int  # all blocks' q, k, v, out weights and biases
+    mlp: int  # all blocks' MLP weights and biases
+    norms: int  # all blocks' norms and the final norm
+    unembedding: int  # the output projection if untied, else 0 (it is the embedding)
+    total: int
+
+    @property
+    def non_embedding(self) -> int:
+        """Kaplan et al.'s N: everything but the token and position tables."""
+        return self.total - self.embedding - self.positions
+
+    @property
+    def matmul(self) -> int:
+        """Weights multiplied in a forward pass: the blocks' linears and the output projection."""
+        linear = self.attention + self.mlp + (self.unembedding or self.embedding)
+        return linear
+
+    def per_block(self, cfg: ModelConfig) -> int:
+        return (self.attention + self.mlp) // cfg.n_layers
+
+
+def count(cfg: ModelConfig) -> Count:
+    """Build the model on the meta device (no memory, no init cost) and count its tensors."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    return count_module(model)
+
+
+def count_module(model: nn.Module) -> Count:
+    """Count a built GPT's parameters by component."""
+    groups = dict(embedding=0, positions=0, attention=0, mlp=0, norms=0, unembedding=0)
+    for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
+        n = p.numel()
+        if name.startswith("tok_emb."):
+            groups["embedding"] += n
+        elif name.startswith("pos_emb."):
+            groups["positions"] += n
+        elif name.startswith("lm_head."):
+            groups["unembedding"] += n
+        elif ".attn." in name:
+            groups["attention"] += n
+        elif ".mlp." in name:
+            groups["mlp"] += n
+        else:
+            groups["norms"] += n
+    return Count(**groups, total=sum(groups.values()))
+
+
+def forward_flops_per_token(cfg: ModelConfig, context: int | None = None) -> dict[str, float]:
+    """Forward FLOPs per token: 2 per matmul weight, and the attention core's 4 L d per layer
+    (Q K^T and A V at context L, the full L x L square as the kernels compute it)."""
+    L = context or cfg.context
+    c = count(cfg)
+    weights = 2 * c.matmul
+    core = 4 * L * cfg.d_model * cfg.n_layers
+    return {"weights": weights, "attention_core": core, "total": weights + core}
+
+
+def training_flops(n_params: float, n_tokens: float) -> float:
+    """Kaplan et al. (2020): C ~ 6 N D, forward (2 N D) plus backward (4 N D)."""
+    return 6 * n_params * n_tokens
+
+
+def report(cfg: ModelConfig, context: int | None = None) -> dict:
+    """Everything `lumen count` prints, as a dict (also its --json output)."""
+    f, c = formula(cfg), count(cfg)
+    L = context or cfg.context
+    fl = forward_flops_per_token(cfg, L)
+    return {
+        "config": cfg.name,
+        "d_model": cfg.d_model,
+        "n_layers": cfg.n_layers,
+        "formula": asdict(f),
+        "formula_in_d2": {
+            "attention": f.attention / cfg.d_model**2,
+            "mlp": f.mlp / cfg.d_model**2,
+            "block": f.block / cfg.d_model**2,
+        },
+        "exact": {**asdict(c), "non_embedding": c.non_embedding, "matmul": c.matmul},
+        "exact_per_block": c.per_block(cfg),
+        "flops_per_token": {"context": L, **fl},
+        # the attention core relative to 2N with N the non-embedding parameters (Kaplan's convention)
+        "attention_core_share": fl["attention_core"] / (2 * c.non_embedding),
+        "training_flops_per_token": 3 * fl["total"],
+    }

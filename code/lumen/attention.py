@@ -1,0 +1,170 @@
+"""Causal multi-head attention with grouped-query heads, RoPE or learned positions, and a KV cache.
+
+Grouped-query attention (GQA) lets several query heads share one key/value head:
+
+    query heads   q0 q1 q2 | q3 q4 q5 | q6 q7 q8        n_heads    = 9
+                  \\  |  /    \\  |  /    \\  |  /
+    kv heads         kv0        kv1        kv2           n_kv_heads = 3
+
+With n_kv_heads == n_heads it is ordinary multi-head attention.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+
+class RoPE(nn.Module):
+    """Rotary position embedding (Su et al. 2021): rotate pairs of query/key features by an angle
+    proportional to the position, so that q.k depends only on the distance between two tokens.
+
+    Pairs are (i, i + head_dim/2), the layout Hugging Face's Llama uses.
+    """
+
+    def __init__(self, head_dim: int, context: int, theta: float = 10000.0):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(context, dtype=torch.float32), inv_freq)  # (L, hd/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:  # x: (B, h, T, hd)
+        T = x.size(-2)
+        cos, sin = self.cos[start : start + T].to(x.dtype), self.sin[start : start + T].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class LayerCache:
+    """One layer's keys and values for the tokens seen so far, in buffers allocated once."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+        self.k, self.v, self.n = k, v, 0  # k, v: (B, h_kv, max_len, hd)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.n + k.size(2)
+        if end > self.k.size(2):
+            raise ValueError(
+                f"KV cache full: {end} tokens exceed its {self.k.size(2)} slots (make a larger cache)"
+            )
+        self.k[:, :, self.n : end] = k
+        self.v[:, :, self.n : end] = v
+        self.n = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class KVCache:
+    """Keys and values of every layer, so that decoding one more token costs one token's work."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        batch: int,
+        max_len: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        shape = (batch, cfg.kv_heads, max_len or cfg.context, cfg.head_dim)
+        self.layers = [
+            LayerCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+            for _ in range(cfg.n_layers)
+        ]
+
+    @property
+    def n(self) -> int:
+        """How many positions are cached."""
+        return self.layers[0].n
+
+
+class MultiHeadAttention(nn.Module):
+    """softmax(Q K^T / sqrt(d_head)) V per head, causal, with separate q, k, v and out projections."""
+
+    use_sdpa: bool = True  # False: the plain softmax path below, which also exposes the pattern
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        bias: bool = True,
+        rope: RoPE | None = None,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
+        self.head_dim = d_model // n_heads
+        kv_dim = self.n_kv_heads * self.head_dim
+        self.q = nn.Linear(d_model, d_model, bias=bias)
+        self.k = nn.Linear(d_model, kv_dim, bias=bias)
+        self.v = nn.Linear(d_model, kv_dim, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)   # W_O: writes the heads back into the stream
+        self.rope = rope
+        self.dropout = dropout
+        self.pattern = nn.Identity()  # a named place for the attention weights (plain path only)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> MultiHeadAttention:
+        rope = RoPE(cfg.head_dim, cfg.context, cfg.rope_theta) if cfg.positions == "rope" else None
+        return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.bias, rope, cfg.dropout)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)      # (B, h, T, hd)
+        k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, h_kv, T, hd)
+        v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, h_kv, T, hd)
+        start = cache.n if cache is not None else 0
+        if self.rope is not None:
+            q, k = self.rope(q, start), self.rope(k, start)
+        if cache is not None:
+            k, v = cache.append(k, v)                                              # (B, h_kv, S, hd)
+        attend = self.attend_sdpa if self.use_sdpa else self.attend_plain
+        y = attend(q, k, v, causal_mask(T, k.size(2), start, mask, x.device))
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+    def attend_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None):
+        """The readable path: scores, mask, softmax, weighted average of the values."""
+        group = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, S, hd)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)                  # (B, h, T, S)
+        T, S = scores.shape[-2:]
+        if allowed is None:  # plain causal: query t sees keys up to its own position
+            allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        a = self.pattern(F.softmax(scores, dim=-1))       # each row: convex weights over the past
+        a = F.dropout(a, self.dropout, self.training)
+        return a @ v                                       # (B, h, T, hd)
+
+    def attend_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None):
+        """The same numbers through PyTorch's fused kernel."""
+        T, S = q.size(2), k.size(2)
+        is_causal = allowed is None and T == S and T > 1
+        if allowed is None and not is_causal and T > 1:  # pragma: no cover - guarded by causal_mask
+            raise AssertionError("a partial causal window needs an explicit mask")
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_heads != self.n_heads,
+        )
+
+
+def causal_mask(
+    T: int, S: int, start: int, mask: torch.Tensor | None, device: torch.device
+) -> torch.Tensor | None:
+    """Which keys each query may see, as a bool tensor (True = attend), or None for plain causal.
+
+    Queries sit at positions start..start+T-1 of S keys; a query sees itself and what came before.
+    An extra ``mask`` (True = attend, broadcastable to (B, h, T, S)) further restricts it.
+    """
+    if mask is None and (T == 1 or (start == 0 and T == S)):
+        return None  # one new token sees everything; a fresh sequence uses the fused causal kernel
+    allowed = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=start)
+    if mask is not None:
+        allowed = allowed & mask.to(torch.bool)
+    return allowed

@@ -1,0 +1,49 @@
+"""The `lumen` command: one module per subcommand, each with `add_parser(sub)` and `run(args)`.
+
+Subcommands parse arguments, call the library, and print; they hold no logic of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# subcommand name -> module under lumen.cli that implements it
+COMMANDS = {
+    "count": "count",
+}
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lumen", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        mod = importlib.import_module(f"lumen.cli.{module}")
+        p = mod.add_parser(sub, name)
+        p.set_defaults(run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except (UserError, ValueError, TypeError, FileNotFoundError, KeyError) as e:
+        if os.environ.get("LUMEN_DEBUG"):
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"lumen {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"lumen {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

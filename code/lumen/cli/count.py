@@ -1,0 +1,53 @@
+"""`lumen count PRESET|CONFIG [--context L] [--json]`: parameters and FLOPs, formula beside exact."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..accounting import report
+from ..config import ModelConfig
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help="count parameters and FLOPs of a model (formula beside exact)")
+    p.add_argument("model", help="a preset name (gpt2, smollm2-135m, ...) or a config .json file")
+    p.add_argument("--context", type=int, default=None, help="context L for the attention core (default: the model's)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def resolve_config(spec: str) -> ModelConfig:
+    """A preset name or a config file (ModelConfig JSON)."""
+    path = Path(spec)
+    if path.is_file():
+        return ModelConfig.load(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return ModelConfig.load(path / "config.json")
+    return ModelConfig.from_name(spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = resolve_config(args.model)
+    r = report(cfg, args.context)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    f, e, d2 = r["formula"], r["exact"], r["formula_in_d2"]
+    fl = r["flops_per_token"]
+    print(f"{cfg.name}: d_model={cfg.d_model}  n_layers={cfg.n_layers}  heads={cfg.n_heads}/{cfg.kv_heads} kv")
+    print(f"{'per block':<22}{'formula':>16}{'':>10}")
+    print(f"{'  attention':<22}{f['attention']:>16,}{d2['attention']:>8.2f}d^2")
+    print(f"{'  mlp':<22}{f['mlp']:>16,}{d2['mlp']:>8.2f}d^2")
+    print(f"{'  block':<22}{f['block']:>16,}{d2['block']:>8.2f}d^2   exact (with biases, norms) {r['exact_per_block']:,}")
+    print(f"{'non-embedding':<22}{f['non_embedding']:>16,}   exact {e['non_embedding']:,}")
+    print("exact tensors:")
+    for k in ("embedding", "positions", "attention", "mlp", "norms", "unembedding"):
+        print(f"  {k:<20}{e[k]:>16,}")
+    print(f"  {'total':<20}{e['total']:>16,}   ({e['total'] / 1e6:.1f}M)")
+    print(f"forward FLOPs/token at L={fl['context']}: {fl['total']:.3e} "
+          f"(2 x {e['matmul']:,} matmul weights + attention core {fl['attention_core']:.3e},"
+          f" {r['attention_core_share']:.0%} of 2 x non-embedding)")
+    print(f"training FLOPs/token (~3x forward): {r['training_flops_per_token']:.3e}")
+    return 0

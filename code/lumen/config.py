@@ -1,0 +1,167 @@
+"""ModelConfig and named presets: a model family is data, not a class.
+
+    >>> cfg = ModelConfig.from_name("gpt2")
+    >>> cfg.d_model, cfg.n_layers
+    (768, 12)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+MLP_KINDS = ("mlp", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+PLACEMENTS = ("pre", "post")
+POSITIONS = ("learned", "rope")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Every number and choice that fixes a decoder-only transformer's shape.
+
+    The defaults are GPT-2 small. `d_ff` defaults to 4 * d_model, `n_kv_heads` to n_heads
+    (plain multi-head attention); fewer KV heads than query heads is grouped-query attention.
+    """
+
+    vocab_size: int = 50257
+    context: int = 1024  # the longest sequence the positions support
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    n_kv_heads: int | None = None
+    d_ff: int | None = None
+    mlp: str = "mlp"  # "mlp" (W2 act(W1 x)) or "swiglu"
+    activation: str = "gelu_tanh"  # the MLP's nonlinearity; SwiGLU always gates with SiLU
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_placement: str = "pre"
+    positions: str = "learned"
+    rope_theta: float = 10000.0
+    bias: bool = True  # biases on the attention and MLP linears
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    name: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        for f in ("vocab_size", "context", "d_model", "n_layers", "n_heads"):
+            if getattr(self, f) <= 0:
+                raise ValueError(f"ModelConfig.{f} must be positive, got {getattr(self, f)}")
+        for f in ("n_kv_heads", "d_ff"):
+            v = getattr(self, f)
+            if v is not None and v <= 0:
+                raise ValueError(f"ModelConfig.{f} must be positive, got {v}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"ModelConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})"
+            )
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim ({self.head_dim}) must be even for RoPE")
+        for f, allowed in (
+            ("mlp", MLP_KINDS),
+            ("activation", ACTIVATIONS),
+            ("norm", NORMS),
+            ("norm_placement", PLACEMENTS),
+            ("positions", POSITIONS),
+        ):
+            if getattr(self, f) not in allowed:
+                raise ValueError(
+                    f"ModelConfig.{f} must be one of {', '.join(allowed)}; got {getattr(self, f)!r}"
+                )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.norm_eps <= 0 or self.rope_theta <= 0:
+            raise ValueError("ModelConfig.norm_eps and rope_theta must be positive")
+
+    # derived sizes -------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def hidden(self) -> int:
+        """The MLP's hidden width: d_ff, or 4 * d_model."""
+        return self.d_ff or 4 * self.d_model
+
+    # construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_name(cls, name: str) -> ModelConfig:
+        """A preset by name, e.g. ``ModelConfig.from_name("smollm2-135m")``."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+        return PRESETS[name]
+
+    def replace(self, **changes: object) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - fields)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s) {unknown}; valid: {', '.join(sorted(fields))}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s) {unknown}; valid: {', '.join(sorted(fields))}")
+        return cls(**d)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _gpt2(name: str, d: int, n_layers: int, n_heads: int) -> ModelConfig:
+    return ModelConfig(name=name, d_model=d, n_layers=n_layers, n_heads=n_heads)
+
+
+def _llama(name: str, **kw: object) -> ModelConfig:
+    base = dict(
+        mlp="swiglu", activation="silu", norm="rmsnorm", positions="rope", bias=False, name=name
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "gpt2": _gpt2("gpt2", 768, 12, 12),
+    "gpt2-medium": _gpt2("gpt2-medium", 1024, 24, 16),
+    "gpt2-large": _gpt2("gpt2-large", 1280, 36, 20),
+    "gpt2-xl": _gpt2("gpt2-xl", 1600, 48, 25),
+    # nanoGPT's character-level Shakespeare shape, small enough to train on a laptop CPU
+    "baby-gpt": ModelConfig(
+        name="baby-gpt", vocab_size=65, context=256, d_model=384, n_layers=6, n_heads=6
+    ),
+    # a small Llama-style model: RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases
+    "baby-llama": _llama(
+        "baby-llama", vocab_size=65, context=256, d_model=384, n_layers=6, n_heads=6,
+        n_kv_heads=2, d_ff=1024,
+    ),
+    "smollm2-135m": _llama(
+        "smollm2-135m", vocab_size=49152, context=8192, d_model=576, n_layers=30, n_heads=9,
+        n_kv_heads=3, d_ff=1536, rope_theta=100000.0,
+    ),
+    # for parameter and FLOP accounting only: never instantiate it (70B parameters)
+    "llama3-70b": _llama(
+        "llama3-70b", vocab_size=128256, context=8192, d_model=8192, n_layers=80, n_heads=64,
+        n_kv_heads=8, d_ff=28672, rope_theta=500000.0, tie_embeddings=False,
+    ),
+}
