@@ -1,0 +1,150 @@
+"""Tokenizers: characters, bytes, and byte-level BPE (trained on a corpus or a pretrained model's),
+behind one small interface. Every tokenizer saves to and loads from one `tokenizer.json`.
+
+    >>> tok = CharTokenizer.from_text("hello world")
+    >>> tok.decode(tok.encode("hello"))
+    'hello'
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+FILENAME = "tokenizer.json"
+
+
+class Tokenizer:
+    """text <-> token ids. Subclasses set `kind` and implement encode/decode/_state."""
+
+    kind = "base"
+    eos_id: int | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        raise NotImplementedError
+
+    def _state(self) -> dict:
+        raise NotImplementedError
+
+    def save(self, directory: str | Path) -> Path:
+        """Write `tokenizer.json` into directory; returns its path."""
+        path = Path(directory) / FILENAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"lumen_tokenizer": self.kind, **self._state()}, ensure_ascii=False))
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> Tokenizer:
+        """Read a tokenizer saved by `save` (a directory or the json file itself), or any Hugging
+        Face `tokenizer.json`."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / FILENAME
+        if not path.is_file():
+            raise FileNotFoundError(f"no tokenizer at {path} (expected a {FILENAME} saved by lumen)")
+        state = json.loads(path.read_text())
+        kind = state.pop("lumen_tokenizer", "hf")
+        if kind not in _KINDS:
+            raise ValueError(f"{path}: unknown tokenizer kind {kind!r}; known: {', '.join(_KINDS)}")
+        return _KINDS[kind]._from_state(state if kind != "hf" else json.loads(path.read_text()))
+
+
+class CharTokenizer(Tokenizer):
+    """One token per distinct character of the training text (nanoGPT's shakespeare_char)."""
+
+    kind = "char"
+
+    def __init__(self, chars: Sequence[str]):
+        self.chars = list(chars)
+        self.index = {c: i for i, c in enumerate(self.chars)}
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.index[c] for c in text]
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} is not in this character vocabulary") from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def _state(self) -> dict:
+        return {"chars": "".join(self.chars)}
+
+    @classmethod
+    def _from_state(cls, state: dict) -> CharTokenizer:
+        return cls(list(state["chars"]))
+
+
+class ByteTokenizer(Tokenizer):
+    """The 256 byte values of the UTF-8 encoding: any text, no training."""
+
+    kind = "byte"
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def _state(self) -> dict:
+        return {}
+
+    @classmethod
+    def _from_state(cls, state: dict) -> ByteTokenizer:
+        return cls()
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face `tokenizers.Tokenizer`: a BPE trained here or a pretrained model's."""
+
+    kind = "hf"
+
+    def __init__(self, tok, eos_token: str | None = None):  # tok: tokenizers.Tokenizer
+        self.tok = tok
+        self.eos_id = tok.token_to_id(eos_token) if eos_token else None
+        self.chat_template: str | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / FILENAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tok.save(str(path))  # Hugging Face's own format, readable by `tokenizers` and transformers
+        return path
+
+    @classmethod
+    def _from_state(cls, state: dict) -> HFTokenizer:
+        from tokenizers import Tokenizer as _HF
+
+        return cls(_HF.from_str(json.dumps(state)))
+
+
+_KINDS: dict[str, type[Tokenizer]] = {"char": CharTokenizer, "byte": ByteTokenizer, "hf": HFTokenizer}
