@@ -50,17 +50,12 @@ class Count:
     norms: int  # all blocks' norms and the final norm
     unembedding: int  # the output projection if untied, else 0 (it is the embedding)
     total: int
+    matmul: int  # weights multiplied in a forward pass: the blocks' weight matrices and the output projection
 
     @property
     def non_embedding(self) -> int:
         """Kaplan et al.'s N: everything but the token and position tables."""
         return self.total - self.embedding - self.positions
-
-    @property
-    def matmul(self) -> int:
-        """Weights multiplied in a forward pass: the blocks' linears and the output projection."""
-        linear = self.attention + self.mlp + (self.unembedding or self.embedding)
-        return linear
 
     def per_block(self, cfg: ModelConfig) -> int:
         return (self.attention + self.mlp) // cfg.n_layers
@@ -76,8 +71,11 @@ def count(cfg: ModelConfig) -> Count:
 def count_module(model: nn.Module) -> Count:
     """Count a built GPT's parameters by component."""
     groups = dict(embedding=0, positions=0, attention=0, mlp=0, norms=0, unembedding=0)
+    matmul = model.lm_head.weight.numel()  # the unembedding is a matmul even when tied to the lookup table
     for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
         n = p.numel()
+        if p.dim() == 2 and (".attn." in name or ".mlp." in name):
+            matmul += n
         if name.startswith("tok_emb."):
             groups["embedding"] += n
         elif name.startswith("pos_emb."):
@@ -90,7 +88,7 @@ def count_module(model: nn.Module) -> Count:
             groups["mlp"] += n
         else:
             groups["norms"] += n
-    return Count(**groups, total=sum(groups.values()))
+    return Count(**groups, total=sum(groups.values()), matmul=matmul)
 
 
 def forward_flops_per_token(cfg: ModelConfig, context: int | None = None) -> dict[str, float]:
@@ -123,7 +121,7 @@ def report(cfg: ModelConfig, context: int | None = None) -> dict:
             "mlp": f.mlp / cfg.d_model**2,
             "block": f.block / cfg.d_model**2,
         },
-        "exact": {**asdict(c), "non_embedding": c.non_embedding, "matmul": c.matmul},
+        "exact": {**asdict(c), "non_embedding": c.non_embedding},
         "exact_per_block": c.per_block(cfg),
         "flops_per_token": {"context": L, **fl},
         # the attention core relative to 2N with N the non-embedding parameters (Kaplan's convention)

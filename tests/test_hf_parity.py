@@ -1,0 +1,106 @@
+"""Hugging Face transformers as the numerical reference: random-weight GPT-2 and Llama models of
+several shapes, converted to lumen, must give the same residual stream, logits and greedy tokens."""
+
+import json
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from lumen import GPT
+from lumen.formats.hf import config_from_hf, from_hf_model, load_hf_dir, save_hf_dir
+
+V = 97
+SHAPES = {
+    "gpt2-tied": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=48, n_embd=64, n_layer=3, n_head=4)),
+    "gpt2-untied-relu": lambda: GPT2LMHeadModel(GPT2Config(
+        vocab_size=V, n_positions=48, n_embd=48, n_layer=2, n_head=3, n_inner=80, activation_function="relu",
+        tie_word_embeddings=False)),
+    "llama-gqa-untied": lambda: LlamaForCausalLM(LlamaConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=48, rope_theta=5000.0)),
+    "llama-mha-tied-bias": lambda: LlamaForCausalLM(LlamaConfig(
+        vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=6, max_position_embeddings=48, tie_word_embeddings=True, attention_bias=True,
+        rms_norm_eps=1e-5)),
+    "llama-mqa": lambda: LlamaForCausalLM(LlamaConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=48, rope_theta=100000.0)),
+}
+
+
+def _pair(name):
+    torch.manual_seed(0)
+    hf = SHAPES[name]().eval()
+    hf.config._attn_implementation = "eager"
+    with torch.no_grad():  # HF inits biases and norms to 0/1: randomise them so they are tested too
+        for p in hf.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return hf, from_hf_model(hf)
+
+
+def _streams(model: GPT, idx):
+    out = []
+    hooks = [b.register_forward_hook(lambda m, i, o: out.append(o)) for b in model.blocks]
+    logits, _ = model(idx)
+    for h in hooks:
+        h.remove()
+    return out, logits
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_logits_and_residual_stream_agree(name):
+    hf, ours = _pair(name)
+    idx = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(idx, output_hidden_states=True)
+        streams, logits = _streams(ours, idx)
+    torch.testing.assert_close(logits, ref.logits, atol=1e-5, rtol=0)
+    hidden = ref.hidden_states  # embeddings, after block 0, ..., after the last block *and* the final norm
+    torch.testing.assert_close(ours.embed(idx), hidden[0], atol=1e-5, rtol=0)
+    for i, s in enumerate(streams[:-1]):
+        torch.testing.assert_close(s, hidden[i + 1], atol=1e-5, rtol=0, msg=f"stream after block {i}")
+    torch.testing.assert_close(ours.ln_f(streams[-1]), hidden[-1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_greedy_decode_agrees_with_hf_generate(name):
+    hf, ours = _pair(name)
+    prompt = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(2))
+    ref = hf.generate(prompt, max_new_tokens=16, do_sample=False, pad_token_id=0, eos_token_id=None,
+                      attention_mask=torch.ones_like(prompt))
+    cached = ours.generate(prompt, 16, temperature=0)
+    assert torch.equal(cached, ref)
+    assert torch.equal(ours.generate(prompt, 16, temperature=0, use_cache=False), cached)
+
+
+@pytest.mark.parametrize("name", ["gpt2-untied-relu", "llama-gqa-untied", "llama-mha-tied-bias"])
+def test_hf_directory_round_trip(name, tmp_path):
+    hf, ours = _pair(name)
+    out = save_hf_dir(ours, tmp_path / "model")
+    assert json.loads((out / "config.json").read_text())["model_type"] in ("gpt2", "llama")
+    cls = GPT2LMHeadModel if name.startswith("gpt2") else LlamaForCausalLM
+    reloaded_hf = cls.from_pretrained(out, attn_implementation="eager").eval()
+    back = load_hf_dir(out)
+    idx = torch.randint(0, V, (1, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded_hf(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
+        assert torch.equal(back(idx)[0], ours(idx)[0])
+
+
+def test_unsupported_hf_configs_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="model_type 'bert' is not supported"):
+        config_from_hf({"model_type": "bert"})
+    llama = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                        rope_scaling={"rope_type": "linear", "factor": 2.0}).to_dict()
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        config_from_hf(llama)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_hf_dir(tmp_path)
+    hf, ours = _pair("llama-mqa")
+    save_hf_dir(ours, tmp_path / "a")
+    with pytest.raises(FileExistsError, match="not empty"):
+        save_hf_dir(ours, tmp_path / "a")
+    with pytest.raises(ValueError, match="no Hugging Face architecture"):
+        save_hf_dir(GPT(ours.cfg.replace(norm="layernorm")), tmp_path / "b")
