@@ -166,7 +166,8 @@ def check_tokens(idx: torch.Tensor, cfg: ModelConfig, start: int) -> None:
             f"sequence of {start + idx.size(1)} tokens exceeds the model's context of {cfg.context} "
             "(crop the input or use a model with a longer context)"
         )
-    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
+    # (reading the ids' values would split a torch.compile graph: compiled training skips this one check)
+    if idx.numel() and not torch.compiler.is_compiling() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
         raise ValueError(
             f"token ids must lie in [0, {cfg.vocab_size}), got range [{int(idx.min())}, {int(idx.max())}]"
             " (was the text encoded with this model's tokenizer?)"

@@ -144,7 +144,35 @@ class HFTokenizer(Tokenizer):
     def _from_state(cls, state: dict) -> HFTokenizer:
         from tokenizers import Tokenizer as _HF
 
-        return cls(_HF.from_str(json.dumps(state)))
+        tok = _HF.from_str(json.dumps(state))
+        return cls(tok, EOS if tok.token_to_id(EOS) is not None else None)
+
+
+EOS = "<|endoftext|>"  # the document separator of the BPE tokenizers trained here (GPT-2's name for it)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = 2048) -> HFTokenizer:
+    """A byte-level BPE (GPT-2's scheme) learned from texts with Hugging Face `tokenizers`: the 256
+    byte values, the end-of-text token, then the most frequent merges until vocab_size.
+
+        >>> tok = train_bpe(["to be or not to be"] * 10, vocab_size=300)
+        >>> tok.decode(tok.encode("to be"))
+        'to be'
+    """
+    from tokenizers import Tokenizer as _HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 257:
+        raise ValueError(f"a byte-level BPE needs vocab_size >= 257 (256 bytes + end-of-text), got {vocab_size}")
+    tok = _HF(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return HFTokenizer(tok, EOS)
 
 
 _KINDS: dict[str, type[Tokenizer]] = {"char": CharTokenizer, "byte": ByteTokenizer, "hf": HFTokenizer}

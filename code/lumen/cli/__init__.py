@@ -13,6 +13,17 @@ import sys
 # subcommand name -> module under lumen.cli that implements it
 COMMANDS = {
     "count": "count",
+    "lens": "lens",
+    "tuned-lens": "tuned_lens",
+    "delete-layer": "delete_layer",
+    "neurons": "neurons",
+    "heads": "heads",
+    "train": "train",
+    "generate": "generate",
+    "eval": "eval",
+    "convert": "convert",
+    "fetch": "fetch",
+    "experiment": "experiment",
 }
 
 

@@ -1,0 +1,159 @@
+"""SmolLM2-135M on this machine's CPU: lumen against Hugging Face transformers, in the same run.
+
+    .venv/bin/python bench/bench_smollm2.py [--decode 128] [--prefill 512] [--repeats 3] [--threads N]
+                                           [--dtypes float32 bfloat16]
+
+Both load the same GGUF file and run greedy decoding with a KV cache. For each dtype it prints
+  prefill  tokens/s of one forward pass over a 512-token prompt (all logits, as both models compute them)
+  decode   tokens/s of greedy decoding of 128 new tokens after a short prompt (KV cache; prefill included)
+  memory   the weights' bytes (with packed copies), and the peak extra resident memory (Linux VmHWM)
+and the ratios lumen/HF, by wall time and by CPU time; the goals are decode >= 2x HF fp32,
+bf16 weights >= 3x HF fp32, prefill >= 1.2x.
+Timings are medians over --repeats runs (the machine may be shared: run it twice). On a machine shared
+by more busy processes than cores, --threads 1 gives steadier numbers: a multi-threaded op then waits
+for a second core to be scheduled. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import time
+
+import torch
+
+PROMPT = "Once upon a time, in a small village by the sea, there lived"
+FILLER = (
+    "The residual stream is a working memory: attention heads copy facts between positions, MLPs read "
+    "patterns and write conclusions, and the last layers turn them into a prediction of the next token. "
+)
+
+
+def peak_rss_reset() -> None:
+    """Reset the kernel's high-water mark of this process's resident memory (Linux)."""
+    with open(f"/proc/{os.getpid()}/clear_refs", "w") as f:
+        f.write("5")
+
+
+def rss_kib(field: str) -> int:
+    with open(f"/proc/{os.getpid()}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def timed(fn, repeats: int) -> tuple[float, float, float]:
+    """(median wall seconds, median CPU seconds of this process, peak extra MiB) of fn() over repeats
+    runs after one warm-up. CPU time counts only the work done, however busy the machine is."""
+    fn()
+    walls, cpus, peak = [], [], 0.0
+    for _ in range(repeats):
+        base = rss_kib("VmRSS")
+        peak_rss_reset()
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+        peak = max(peak, (rss_kib("VmHWM") - base) / 1024)
+    return statistics.median(walls), statistics.median(cpus), peak
+
+
+def weights_mib(model: torch.nn.Module) -> float:
+    """Parameters (a tied matrix once) plus lumen's oneDNN-packed copies of them, in MiB."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    for m in model.modules():
+        packed = getattr(m, "_packed", None)
+        if packed is not None:
+            total += packed.numel() * packed.element_size()
+    return total / 2**20
+
+
+def load_both(dtype: torch.dtype):
+    import transformers
+
+    from lumen.fetch import fetch
+    from lumen.formats import load
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    path = fetch("smollm2")
+    lumen = load("smollm2", dtype=dtype)
+    with contextlib.redirect_stderr(io.StringIO()):  # transformers' GGUF progress bar
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
+    assert all(p.dtype == dtype for p in hf.parameters()), "HF kept quantized weights: not a like-for-like run"
+    return lumen.model, lumen.tokenizer, hf
+
+
+@torch.inference_mode()
+def bench(dtype: torch.dtype, n_prefill: int, n_decode: int, repeats: int) -> dict:
+    model, tok, hf = load_both(dtype)
+    long_ids = tok.encode(FILLER * (n_prefill // 20 + 1))[:n_prefill]
+    prompt = torch.tensor([long_ids])
+    short = torch.tensor([tok.encode(PROMPT)])
+    eos = tok.eos_id
+
+    def lumen_decode():
+        return model.generate(short, n_decode, temperature=0)
+
+    def hf_decode():
+        return hf.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=n_decode,
+                           min_new_tokens=n_decode, do_sample=False, pad_token_id=eos)
+
+    out = {}
+    for who, prefill, decode in (
+        ("lumen", lambda: model(prompt), lumen_decode),
+        ("hf", lambda: hf(prompt, use_cache=False), hf_decode),
+    ):
+        t_pre, c_pre, mem_pre = timed(prefill, repeats)
+        t_dec, c_dec, mem_dec = timed(decode, repeats)
+        print(f"  {dtype} {who}: prefill {n_prefill / t_pre:.1f} tok/s ({n_prefill / c_pre:.1f} per CPU-second), "
+              f"decode {n_decode / t_dec:.1f} tok/s ({n_decode / c_dec:.1f} per CPU-second)", flush=True)
+        out[who] = {"prefill_tok_s": n_prefill / t_pre, "decode_tok_s": n_decode / t_dec,
+                    "prefill_tok_cpu_s": n_prefill / c_pre, "decode_tok_cpu_s": n_decode / c_dec,
+                    "weights_mib": weights_mib(model if who == "lumen" else hf),
+                    "peak_extra_mib_prefill": mem_pre, "peak_extra_mib_decode": mem_dec}
+    same = lumen_decode()[0, short.size(1):].tolist() == hf.generate(
+        short, attention_mask=torch.ones_like(short), max_new_tokens=n_decode, do_sample=False, pad_token_id=eos
+    )[0, short.size(1):].tolist()[:n_decode]
+    out["same_tokens"] = same
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prefill", type=int, default=512)
+    p.add_argument("--decode", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
+    results = {name: bench(getattr(torch, name), args.prefill, args.decode, args.repeats) for name in args.dtypes}
+    hf32 = results.get("float32", {}).get("hf")
+    print(f"\n{'':10}{'who':7}{'prefill tok/s':>15}{'decode tok/s':>14}{'weights MiB':>13}"
+          f"{'peak+ prefill':>15}{'peak+ decode':>14}")
+    for name, r in results.items():
+        for who in ("lumen", "hf"):
+            m = r[who]
+            print(f"{name:10}{who:7}{m['prefill_tok_s']:>15.1f}{m['decode_tok_s']:>14.1f}{m['weights_mib']:>13.0f}"
+                  f"{m['peak_extra_mib_prefill']:>15.0f}{m['peak_extra_mib_decode']:>14.0f}")
+        lu, hf = r["lumen"], r["hf"]
+        for unit, sfx in (("wall", "_s"), ("CPU", "_cpu_s")):
+            pre, dec = "prefill_tok" + sfx, "decode_tok" + sfx
+            print(f"{name:10}lumen/HF ({unit:4}): prefill {lu[pre] / hf[pre]:.2f}x, decode {lu[dec] / hf[dec]:.2f}x"
+                  + (f", decode vs HF float32 {lu[dec] / hf32[dec]:.2f}x" if hf32 else ""))
+        print(f"{name:10}greedy tokens identical to HF: {r['same_tokens']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""`lumen convert MODEL --to hf OUTDIR`: write a model as a Hugging Face directory (config.json,
+model.safetensors, tokenizer.json, tokenizer_config.json) that transformers and lumen both load."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import UserError
+from .models import DTYPES, load_model
+
+FORMATS = ("hf",)
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help="convert a model to another format (a Hugging Face directory)")
+    p.add_argument("model", help="smollm2, a .gguf file, a Hugging Face directory or a lumen run directory")
+    p.add_argument("outdir", type=Path, help="the directory to create (must not exist or be empty)")
+    p.add_argument("--to", choices=FORMATS, required=True, help="the output format")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="precision of the written weights")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..formats import save_hf_tokenizer
+    from ..formats.hf import save_hf_dir
+
+    out = args.outdir
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out} exists and is not an empty directory (choose a new output directory)")
+    loaded = load_model(args.model, args.dtype)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # everything is written into a hidden folder beside OUTDIR and renamed into place at the end
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    try:
+        save_hf_dir(loaded.model, staging / "model")
+        if loaded.tokenizer is not None:
+            save_hf_tokenizer(loaded.tokenizer, staging / "model")
+        if out.exists():
+            out.rmdir()
+        os.replace(staging / "model", out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"wrote {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
+    return 0

@@ -1,0 +1,101 @@
+"""`lumen lens MODEL --prompt TEXT [--tuned PATH] [--out DIR] [--json]`: what every layer predicts.
+
+Prints a table (layers x the last positions: top-1 token and probability); --out writes lens.png (the
+heatmap), kl.png (KL to the final output by layer), lens.html (hover a cell for the top-k) and lens.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from . import UserError
+
+TABLE_POSITIONS = 6
+
+
+def load_model(spec: str):
+    """(model, tokenizer) of a model spec; the looking-inside tools need the tokenizer."""
+    from ..formats import load
+
+    loaded = load(spec)
+    if loaded.tokenizer is None:
+        raise UserError(f"{spec} has no tokenizer saved with it (the tools need one to read text)")
+    return loaded.model, loaded.tokenizer
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help="logit lens (or a tuned lens) on one prompt: what each layer predicts")
+    p.add_argument("model", help="smollm2, a .gguf file, a Hugging Face directory or a lumen run directory")
+    p.add_argument("--prompt", required=True, help="the text to read")
+    p.add_argument("--tuned", metavar="PATH", help="a tuned lens trained for this model (lumen tuned-lens train)")
+    p.add_argument("--top-k", type=int, default=5, help="tokens kept per cell (default 5)")
+    p.add_argument("--out", metavar="DIR", help="write lens.png, kl.png, lens.html and lens.json here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..inspect.lens import LogitLens, logit_lens
+    from ..inspect.tuned_lens import TunedLens
+    from ..report.figures import layer_name
+
+    if args.top_k < 1:
+        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
+    model, tok = load_model(args.model)
+    ids = tok.encode(args.prompt)
+    if not ids:
+        raise UserError("--prompt is empty: give some text")
+    results = {"logit lens": logit_lens(model, ids, LogitLens(model), args.top_k, tok)}
+    if args.tuned:
+        results["tuned lens"] = logit_lens(model, ids, TunedLens.load(args.tuned, model), args.top_k, tok)
+    main_name = "tuned lens" if args.tuned else "logit lens"
+    result = results[main_name]
+    if args.out:
+        write_outputs(Path(args.out), results, main_name)
+    if args.json:
+        print(json.dumps({name: r.to_dict() for name, r in results.items()}, ensure_ascii=False))
+        return 0
+    print_table(result, main_name)
+    first = result.first_top1_layer()
+    word = result.vocab_of(int(result.top_ids[-1, -1, 0]))
+    print(f"the final top-1 {word!r} first becomes top-1 at layer {first} of {result.n_layers} "
+          f"({layer_name(first)}; {main_name})")
+    if args.out:
+        print(f"wrote {args.out}/lens.png, kl.png, lens.html, lens.json")
+    return 0
+
+
+def print_table(result, name: str) -> None:
+    from ..report.figures import layer_name
+
+    T = len(result.tokens)
+    cols = list(range(max(0, T - TABLE_POSITIONS), T))
+    width = 16
+    print(f"{name}: top-1 next token (probability) after each layer; KL to the final output at the last position")
+    print(f"{'after':>9}  " + "".join(f"{_clip(result.tokens[t], width):<{width}}" for t in cols) + "KL(last)")
+    for layer in range(result.n_layers, -1, -1):
+        cells = []
+        for t in cols:
+            word = _clip(result.vocab_of(int(result.top_ids[layer, t, 0])), width - 8)
+            cells.append(f"{word} {float(result.top_probs[layer, t, 0]):.2f}".ljust(width))
+        print(f"{layer_name(layer):>9}  " + "".join(cells) + f"{float(result.kl[layer, -1]):.3f}")
+
+
+def _clip(text: str, n: int) -> str:
+    text = repr(text)[1:-1]
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def write_outputs(out: Path, results: dict, main_name: str) -> None:
+    from ..report.figures import layer_curves, lens_heatmap
+    from ..report.files import write_text
+    from ..report.html import lens_page
+
+    result = results[main_name]
+    lens_heatmap(result, out / "lens.png", title=main_name)
+    layer_curves({name: r.kl.mean(1).tolist() for name, r in results.items()}, out / "kl.png",
+                 title="KL to the final output, mean over positions", log=True)
+    write_text(out / "lens.html", lens_page(result, title=f"{main_name}: {''.join(result.tokens)}"))
+    write_text(out / "lens.json", json.dumps({n: r.to_dict() for n, r in results.items()}, ensure_ascii=False))

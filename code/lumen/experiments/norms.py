@@ -1,0 +1,73 @@
+"""Experiment `norms`: LayerNorm against RMSNorm, the same model otherwise: loss, and time per step."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..block import LayerNorm, RMSNorm
+from ..config import ModelConfig
+from .fit import shakespeare, train_lm
+from .result import Result, Table, figure
+from .stacks import build
+
+NAME = "norms"
+CLAIM = ("RMSNorm drops LayerNorm's mean subtraction and bias: it is cheaper (one pass over the vector instead of two) "
+         "and trains just as well.")
+
+SIZES = {
+    False: dict(d=96, layers=4, steps=300, batch=16, lr=2e-3, eval_windows=64, norm_reps=200),
+    True: dict(d=48, layers=2, steps=30, batch=8, lr=2e-3, eval_windows=16, norm_reps=20),
+}
+
+
+def norm_seconds(norm: torch.nn.Module, x: torch.Tensor, reps: int) -> float:
+    """Median seconds of forward + backward of one norm on x (the norm alone, without the model)."""
+    times = []
+    for _ in range(reps):
+        x1 = x.detach().requires_grad_()
+        t = time.perf_counter()
+        norm(x1).sum().backward()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def run(quick: bool, seed: int) -> Result:
+    s = SIZES[quick]
+    data = shakespeare()
+    T = 64
+    runs = {}
+    for norm in ("layernorm", "rmsnorm"):
+        cfg = ModelConfig(vocab_size=data.tokenizer.vocab_size, context=T, d_model=s["d"], n_layers=s["layers"],
+                          n_heads=4, activation="gelu", norm=norm)
+        torch.manual_seed(seed)
+        runs[norm] = train_lm(build(cfg), data, s["steps"], lr=s["lr"], warmup=s["steps"] // 10,
+                              batch_size=s["batch"], seed=seed, eval_windows=s["eval_windows"])
+    x = torch.randn(s["batch"], T, s["d"], generator=torch.Generator().manual_seed(seed))
+    alone = {"layernorm": norm_seconds(LayerNorm(s["d"]), x, s["norm_reps"]),
+             "rmsnorm": norm_seconds(RMSNorm(s["d"]), x, s["norm_reps"])}
+    rows = [[n, runs[n].final_loss, runs[n].final_val, 1000 * runs[n].median_step_seconds, 1e6 * alone[n]]
+            for n in runs]
+    table = Table(f"{s['layers']} layers, d={s['d']}, {s['steps']} steps on Shakespeare (characters)",
+                  ["norm", "train loss", "val loss", "ms per training step", "us per norm (fwd+bwd, alone)"], rows)
+    ln, rms = runs["layernorm"], runs["rmsnorm"]
+    dv = rms.final_val - ln.final_val
+    step_ratio = rms.median_step_seconds / ln.median_step_seconds
+    verdict = (f"RMSNorm's validation loss is {dv:+.3f} against LayerNorm's"
+               + (" (as good, as the chapter says)" if abs(dv) < 0.03 else (" (better)" if dv < 0 else " (worse)"))
+               + f"; the norm alone (forward and backward) takes {alone['rmsnorm'] / alone['layernorm']:.2f}x "
+               f"LayerNorm's time, a whole training step {step_ratio:.2f}x"
+               + (" (cheaper, as the chapter says" if step_ratio < 0.97 else " (no faster per step")
+               + "; both norms are the chapter's plain PyTorch, not fused kernels, and wall times on a shared CPU "
+               "are noisy).")
+    fig, (ax,) = figure(1, 6, 4)
+    for n, h in runs.items():
+        ax.plot(h.loss, lw=0.8, label=n)
+    ax.set(xlabel="step", ylabel="training loss", title="LayerNorm vs RMSNorm")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    numbers = {n: {"val": h.final_val, "final_loss": h.final_loss, "loss": h.loss} for n, h in runs.items()}
+    numbers["timing_seconds"] = {n: {"step": runs[n].median_step_seconds, "norm_alone": alone[n]} for n in runs}
+    return Result(NAME, CLAIM, [table], verdict, numbers, {"norms": fig},
+                  ["Times are wall-clock and vary between runs; the losses are deterministic for a seed."])

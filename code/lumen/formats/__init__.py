@@ -1,0 +1,130 @@
+"""One loader for every model spec: a known name, a GGUF file, a Hugging Face directory, a lumen run.
+
+    >>> loaded = load("smollm2")                         # doctest: +SKIP
+    >>> loaded.model, loaded.tokenizer                   # a lumen GPT in eval mode, its tokenizer
+
+Specs, tried in this order:
+  smollm2                  a named pretrained model, fetched once into lumen's cache (see MODELS)
+  path/to/model.gguf       a llama.cpp GGUF file (Llama family)
+  path/to/hf-dir           config.json with a `model_type` + *.safetensors (tokenizer.json if present)
+  path/to/run-or-step-dir  a lumen training run or checkpoint directory
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..model import GPT
+from ..tokenizers import HFTokenizer, Tokenizer
+
+# named models -> the lumen.fetch artifact holding their GGUF file
+MODELS = {"smollm2": "smollm2"}
+
+SPEC_FORMS = (
+    f"a model name ({', '.join(MODELS)}), a .gguf file, a Hugging Face directory "
+    "(config.json + model.safetensors), or a lumen run/checkpoint directory"
+)
+
+
+@dataclass
+class Loaded:
+    """A model ready to use: the GPT (eval mode), its tokenizer (None if the run saved none), the spec."""
+
+    model: GPT
+    tokenizer: Tokenizer | None
+    spec: str
+
+
+def load(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Loaded:
+    """The model and tokenizer a spec names; see the module docstring for the accepted forms.
+
+    bfloat16 models on a CPU get their linear weights packed for oneDNN (lumen.packing): the same
+    numbers, several times faster per decoded token."""
+    from ..packing import pack_linears
+
+    model, tok = _load(spec, device, dtype)
+    model = model.to(device=device, dtype=dtype).eval()
+    pack_linears(model)
+    return Loaded(model, tok, spec)
+
+
+def _load(spec: str, device: str | torch.device, dtype: torch.dtype) -> tuple[GPT, Tokenizer | None]:
+    from . import gguf
+
+    path = Path(spec)
+    if spec in MODELS and not path.exists():
+        from ..fetch import fetch
+
+        model, tok = gguf.load_gguf(fetch(MODELS[spec]), device, dtype)
+        model.cfg = model.cfg.replace(name=spec)
+        return model, tok
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"no GGUF file at {path}")
+        return gguf.load_gguf(path, device, dtype)
+    if path.is_dir() and _is_hf_dir(path):
+        from .hf import load_hf_dir
+
+        return load_hf_dir(path, device, dtype), hf_dir_tokenizer(path)
+    if path.is_dir():
+        from .checkpoint import load_run
+
+        return load_run(path, device)
+    raise ValueError(f"unknown model {spec!r}: give {SPEC_FORMS}")
+
+
+def _is_hf_dir(path: Path) -> bool:
+    """A Hugging Face config.json names its `model_type`; lumen's own config.json does not."""
+    config = path / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        return "model_type" in json.loads(config.read_text())
+    except ValueError:
+        raise ValueError(f"{config} is not valid JSON (the directory is damaged; convert or save it again)") from None
+
+
+def hf_dir_tokenizer(path: Path) -> HFTokenizer | None:
+    """tokenizer.json of a Hugging Face directory, with the eos token and chat template of its
+    tokenizer_config.json; None if the directory has no tokenizer."""
+    if not (path / "tokenizer.json").is_file():
+        return None
+    tok = Tokenizer.load(path / "tokenizer.json")
+    settings = path / "tokenizer_config.json"
+    if isinstance(tok, HFTokenizer) and settings.is_file():
+        cfg = json.loads(settings.read_text())
+        eos = cfg.get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        tok.eos_id = tok.tok.token_to_id(eos) if eos else None
+        tok.chat_template = cfg.get("chat_template")
+    return tok
+
+
+def save_hf_tokenizer(tok: Tokenizer, directory: str | Path) -> None:
+    """tokenizer.json, plus tokenizer_config.json (eos token, chat template) for transformers."""
+    directory = Path(directory)
+    tok.save(directory)
+    if isinstance(tok, HFTokenizer):
+        eos = tok.tok.id_to_token(tok.eos_id) if tok.eos_id is not None else None
+        settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "add_bos_token": False,
+                    "clean_up_tokenization_spaces": False}
+        if tok.chat_template:
+            settings["chat_template"] = tok.chat_template
+        (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+
+
+def chat_prompt(tok: Tokenizer, user_text: str) -> str:
+    """The model's chat template (Jinja, sandboxed) applied to one user message, ready for the reply."""
+    template = getattr(tok, "chat_template", None)
+    if not template:
+        raise ValueError("this model's tokenizer has no chat template (drop --chat and give a plain prompt)")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    return env.from_string(template).render(
+        messages=[{"role": "user", "content": user_text}], add_generation_prompt=True
+    )

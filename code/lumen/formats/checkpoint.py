@@ -1,0 +1,228 @@
+"""lumen's own checkpoints: a directory that is a complete model spec, written atomically.
+
+    step-000500/
+      model.safetensors   weights, in lumen's parameter names; a tied unembedding is stored once
+      config.json         the ModelConfig
+      tokenizer.json      the tokenizer the model was trained with
+      meta.json           step, validation loss, ...
+      trainer.pt          optimizer, schedule, RNG and data-position state (only in training runs)
+
+A run directory holds such checkpoints under `checkpoints/` and names its best one in `best.json`:
+
+    >>> model, tok = load_run("runs/shakespeare")       # doctest: +SKIP
+
+A checkpoint is first written into a hidden temporary directory beside its final place, every file
+fsync'ed, then renamed into place in one step: a crash or a full disk never leaves half a checkpoint
+under a real name, and the previous checkpoints are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..config import ModelConfig
+from ..model import GPT
+from ..tokenizers import FILENAME as TOKENIZER_FILE
+from ..tokenizers import Tokenizer
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+META = "meta.json"
+TRAINER = "trainer.pt"
+CHECKPOINTS = "checkpoints"
+BEST = "best.json"
+PREFIX = "step-"
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside torch.compile's and DistributedDataParallel's wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):  # torch.compile
+            model = model._orig_mod
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights to store: lumen's names (no wrapper prefixes), each shared tensor once, contiguous."""
+    state, seen = {}, set()
+    for name, t in unwrap(model).state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in seen:  # the tied unembedding is the embedding: keep the first name only
+            continue
+        seen.add(key)
+        state[name] = t.detach().contiguous().cpu()
+    return state
+
+
+def is_checkpoint(path: Path) -> bool:
+    return (path / WEIGHTS).is_file() and (path / CONFIG).is_file()
+
+
+def checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and is_checkpoint(p)]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def best_checkpoint(run_dir: str | Path) -> Path | None:
+    """The checkpoint `best.json` names, if it still exists."""
+    pointer = Path(run_dir) / BEST
+    if not pointer.is_file():
+        return None
+    path = Path(run_dir) / CHECKPOINTS / json.loads(pointer.read_text())["checkpoint"]
+    return path if is_checkpoint(path) else None
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint directory from a checkpoint or run directory (a run's best, else its latest)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no such run or checkpoint: {path}")
+    if is_checkpoint(path):
+        return path
+    found = best_checkpoint(path) or (checkpoints(path) or [None])[-1]
+    if found is None:
+        raise FileNotFoundError(
+            f"{path} is neither a lumen checkpoint ({WEIGHTS} + {CONFIG}) nor a run directory with "
+            f"{CHECKPOINTS}/{PREFIX}N inside (train one with `lumen train`)"
+        )
+    return found
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, Tokenizer | None]:
+    """The model (in eval mode) and tokenizer of a run directory or one checkpoint directory."""
+    from safetensors.torch import load_file
+
+    ckpt = resolve(path)
+    cfg = ModelConfig.load(ckpt / CONFIG)
+    model = GPT(cfg)
+    load_weights(model, load_file(str(ckpt / WEIGHTS)), ckpt)
+    model.to(device).eval()
+    tok_path = ckpt / TOKENIZER_FILE
+    return model, (Tokenizer.load(tok_path) if tok_path.is_file() else None)
+
+
+def load_weights(model: GPT, state: dict[str, torch.Tensor], where: Path | str = "checkpoint") -> None:
+    """Copy stored weights into model; a tied unembedding follows the embedding."""
+    expected = set(model.state_dict())
+    tied = {"lm_head.weight"} if model.cfg.tie_embeddings else set()
+    missing, unknown = expected - set(state) - tied, set(state) - expected
+    if missing or unknown:
+        raise ValueError(
+            f"{where}: weights do not match the config (missing {sorted(missing)[:4]}, unexpected "
+            f"{sorted(unknown)[:4]}); was it saved from another model?"
+        )
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if name in state:
+                if t.shape != state[name].shape:
+                    raise ValueError(
+                        f"{where}: {name} has shape {tuple(state[name].shape)}, the config needs {tuple(t.shape)}"
+                    )
+                t.copy_(state[name])
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: Path, write: Callable[[Path], None]) -> None:
+    """Run write(path) and fsync the result (the caller writes into a temporary directory)."""
+    write(path)
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write a small text file: a temporary file beside it, fsync, rename over the old one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    tokenizer: Tokenizer | None = None,
+    meta: dict | None = None,
+    trainer_state: dict | None = None,
+) -> Path:
+    """Write a checkpoint directory at path, atomically; an existing one there is replaced."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-{path.name}-"))
+    try:
+        raw = unwrap(model)
+        write_file(tmp / WEIGHTS, lambda p: save_file(model_state(raw), str(p), metadata={"format": "pt"}))
+        write_file(tmp / CONFIG, lambda p: raw.cfg.save(p))
+        if tokenizer is not None:
+            write_file(tmp / TOKENIZER_FILE, lambda p: tokenizer.save(p.parent))
+        if trainer_state is not None:
+            write_file(tmp / TRAINER, lambda p: torch.save(trainer_state, p))
+        write_file(tmp / META, lambda p: p.write_text(json.dumps(meta or {}, indent=1) + "\n"))
+        fsync_dir(tmp)
+        if path.exists():  # replacing: move the old one aside first, then drop it
+            old = path.with_name(f".old-{path.name}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def clean_partial(run_dir: str | Path) -> None:
+    """After a crash: drop half-written checkpoints (.tmp-*); put back one that was being replaced (.old-*)."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        if p.name.startswith(".tmp-"):
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.name.startswith(".old-"):
+            final = p.with_name(p.name[len(".old-"):])
+            if is_checkpoint(final):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.replace(p, final)
+
+
+def load_trainer_state(ckpt: str | Path) -> dict:
+    """The optimizer/schedule/RNG/data state of a training checkpoint (tensors and plain values only)."""
+    path = Path(ckpt) / TRAINER
+    if not path.is_file():
+        raise FileNotFoundError(f"{ckpt} has no {TRAINER}: it holds weights only and cannot be resumed")
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,258 @@
+"""A named activation cache, and reversible surgery on a model, through plain forward hooks.
+
+Every activation has a stable name (the stream after the embedding, and per block i):
+
+    embed                   the residual stream before block 0
+    blocks.i.resid_pre      the stream entering block i
+    blocks.i.attn_out       what attention writes into the stream
+    blocks.i.resid_mid      the stream between attention and the MLP
+    blocks.i.mlp_hidden     the MLP's hidden units after the nonlinearity (the input of W2)
+    blocks.i.mlp_out        what the MLP writes into the stream
+    blocks.i.resid_post     the stream leaving block i
+    blocks.i.attn_pattern   the attention weights (B, heads, T, S)
+    final                   the final-normed stream that the unembedding reads
+
+    >>> logits, cache = run_with_cache(model, idx)            # doctest: +SKIP
+    >>> cache["blocks.3.resid_post"].shape                     # doctest: +SKIP
+    torch.Size([1, 8, 768])
+
+Hooks are added for one call and removed afterwards: a model that is not being inspected runs exactly
+the code it always runs. Nothing here changes the model's arithmetic.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from ..block import PostLNBlock
+from ..model import GPT
+
+PER_BLOCK = ("resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "resid_post", "attn_pattern")
+_BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(\w+)$")
+
+
+def activation_names(model: GPT) -> list[str]:
+    """Every name the cache knows for this model, in the order the forward pass produces them."""
+    names = ["embed"]
+    for i in range(len(model.blocks)):
+        names += [f"blocks.{i}.{kind}" for kind in PER_BLOCK]
+    return names + ["final"]
+
+
+def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
+    """The module whose input ("pre") or output ("out") is the named activation."""
+    if name == "embed":
+        return model.drop, "out"
+    if name == "final":
+        return model.ln_f, "out"
+    m = _BLOCK_NAME.match(name)
+    if not m or m.group(2) not in PER_BLOCK:
+        raise KeyError(f"unknown activation {name!r}; names are embed, final and blocks.<i>.<{'|'.join(PER_BLOCK)}>")
+    i, kind = int(m.group(1)), m.group(2)
+    check_layer(model, i)
+    block = model.blocks[i]
+    post_ln = isinstance(block, PostLNBlock)
+    if kind == "resid_pre":
+        return block, "pre"
+    if kind == "resid_post":
+        return block, "out"
+    if kind == "attn_out":
+        return block.attn, "out"
+    if kind == "mlp_out":
+        return block.mlp, "out"
+    if kind == "attn_pattern":
+        return block.attn.pattern, "out"
+    if kind == "mlp_hidden":
+        return (block.mlp.w_down if hasattr(block.mlp, "w_down") else block.mlp.proj), "pre"
+    # resid_mid: pre-LN reads it through ln2; post-LN's ln1 produces it
+    return (block.ln1, "out") if post_ln else (block.ln2, "pre_readonly")
+
+
+def check_layer(model: GPT, layer: int) -> int:
+    """layer itself if the model has a block with that index, else a clear ValueError."""
+    n = len(model.blocks)
+    if not 0 <= layer < n:
+        raise ValueError(f"layer {layer} is out of range: this model has blocks 0..{n - 1}")
+    return layer
+
+
+@contextmanager
+def _plain_attention(model: GPT, layers: Iterable[int]) -> Iterator[None]:
+    """Route the given layers' attention through the plain softmax path, which exposes the pattern."""
+    attns = [model.blocks[i].attn for i in set(layers)]
+    before = [a.__dict__.get("use_sdpa") for a in attns]
+    for a in attns:
+        a.use_sdpa = False          # an instance attribute shadows the class default for this model only
+    try:
+        yield
+    finally:
+        for a, old in zip(attns, before):
+            if old is None:
+                del a.use_sdpa
+            else:
+                a.use_sdpa = old
+
+
+def _pattern_layers(names: Iterable[str]) -> list[int]:
+    return [int(m.group(1)) for n in names if (m := _BLOCK_NAME.match(n)) and m.group(2) == "attn_pattern"]
+
+
+@contextmanager
+def hooks(model: GPT, fns: dict[str, Callable[[torch.Tensor], torch.Tensor | None]]) -> Iterator[None]:
+    """Call fns[name](activation) wherever the named activation is produced; a function that returns a
+    tensor replaces the activation with it. All hooks are removed on exit.
+
+        >>> with hooks(model, {"blocks.0.mlp_out": lambda a: torch.zeros_like(a)}):   # doctest: +SKIP
+        ...     logits, _ = model(idx)
+    """
+    handles = []
+
+    def on_output(fn):
+        return lambda module, args, out: fn(out)
+
+    def on_input(fn, name, readonly):
+        def pre(module, args):
+            new = fn(args[0])
+            if new is None:
+                return None
+            if readonly:
+                raise ValueError(f"{name} of a pre-LN block cannot be replaced in place "
+                                 "(replace the block's attn_out or resid_pre instead)")
+            return (new, *args[1:])
+        return pre
+
+    try:
+        for name, fn in fns.items():
+            module, where = _site(model, name)
+            if where == "out":
+                handles.append(module.register_forward_hook(on_output(fn)))
+            else:
+                handles.append(module.register_forward_pre_hook(on_input(fn, name, where == "pre_readonly")))
+        with _plain_attention(model, _pattern_layers(fns)):
+            yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class ActivationCache(dict):
+    """name -> tensor, filled by `run_with_cache`; `stack("resid_post")` gives (n_layers, ...)."""
+
+    def stack(self, kind: str) -> torch.Tensor:
+        """One per-block activation of every cached block, in block order, stacked along a new first axis."""
+        found = sorted((int(m.group(1)), k) for k in self if (m := _BLOCK_NAME.match(k)) and m.group(2) == kind)
+        if not found:
+            raise KeyError(f"no blocks.<i>.{kind} in this cache (was it requested?)")
+        return torch.stack([self[k] for _, k in found])
+
+    def streams(self) -> torch.Tensor:
+        """The residual stream after every layer: embed, then the output of each block: (n_layers + 1, ...)."""
+        return torch.stack([self["embed"]] + list(self.stack("resid_post")))
+
+
+def run_with_cache(
+    model: GPT,
+    idx: torch.Tensor,
+    names: Iterable[str] | Callable[[str], bool] | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, ActivationCache]:
+    """Run the model once on token ids idx (B, T) and return (logits, cache of the named activations).
+
+    names: which activations to keep (a list, or a predicate on the name); default all of them.
+    Asking for an attn_pattern runs that layer's attention through the plain softmax path instead of the
+    fused kernel: the same math, rounded differently (logits agree to ~1e-6, not bit for bit).
+    device: where to keep them (e.g. "cpu" to spare accelerator memory); default where they were made.
+    """
+    everything = activation_names(model)
+    if names is None:
+        wanted = everything
+    elif callable(names):
+        wanted = [n for n in everything if names(n)]
+    else:
+        wanted = list(names)
+        for n in wanted:
+            _site(model, n)  # a clear error for an unknown name before running anything
+    cache = ActivationCache()
+
+    def keep(name):
+        def fn(a):
+            cache[name] = a.detach().to(device) if device is not None else a.detach()
+        return fn
+
+    with torch.no_grad(), hooks(model, {n: keep(n) for n in wanted}):
+        logits, _ = model(idx)
+    return logits, ActivationCache((n, cache[n]) for n in wanted if n in cache)
+
+
+class _Captured(Exception):
+    """Raised by `capture` to stop the forward pass once the wanted activation exists."""
+
+
+@torch.no_grad()
+def capture(model: GPT, idx: torch.Tensor, name: str) -> torch.Tensor:
+    """One named activation for token ids idx (B, T), running the model only as far as needed
+    (the blocks above it are never computed).
+
+        >>> hidden = capture(model, idx, "blocks.3.mlp_hidden")    # doctest: +SKIP
+    """
+    got: list[torch.Tensor] = []
+
+    def stop(a: torch.Tensor) -> None:
+        got.append(a.detach())
+        raise _Captured
+
+    with hooks(model, {name: stop}):
+        try:
+            model(idx)
+        except _Captured:
+            pass
+    return got[0]
+
+
+class _Skip(nn.Module):
+    """Stands in for a deleted block: the stream passes through unchanged."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        return x
+
+
+@contextmanager
+def delete_blocks(model: GPT, layers: int | Iterable[int]) -> Iterator[GPT]:
+    """Run with the given blocks skipped (their writes to the stream removed); restored on exit.
+
+        >>> with delete_blocks(model, [5]):                       # doctest: +SKIP
+        ...     logits, loss = model(idx, targets)
+    """
+    layers = sorted({layers} if isinstance(layers, int) else set(layers))
+    for i in layers:
+        check_layer(model, i)
+    saved = {i: model.blocks[i] for i in layers}
+    try:
+        for i in layers:
+            model.blocks[i] = _Skip()
+        yield model
+    finally:
+        for i, block in saved.items():
+            model.blocks[i] = block
+
+
+@contextmanager
+def replace_activation(
+    model: GPT, name: str, value: torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[GPT]:
+    """Run with one named activation replaced by a tensor (broadcast to its shape) or by fn(activation).
+
+        >>> with replace_activation(model, "blocks.2.mlp_out", lambda a: 0 * a):   # doctest: +SKIP
+        ...     logits, _ = model(idx)
+    """
+    if _site(model, name)[1] == "pre_readonly":
+        raise ValueError(f"{name} of a pre-LN block cannot be replaced in place "
+                         "(replace the block's attn_out or resid_pre instead)")
+    fn = value if callable(value) else (lambda a: value.to(a.dtype).expand_as(a))
+    with hooks(model, {name: fn}):
+        yield model

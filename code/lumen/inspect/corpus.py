@@ -1,0 +1,50 @@
+"""Token windows for the looking-inside tools: random passages of a corpus, encoded with the model's
+own tokenizer. Reads the corpus through lumen.data (same documents, same held-out works as training),
+but encodes only the passages it needs, so a pretrained model's tokenizer costs nothing up front.
+
+    >>> batch = token_windows(tok, "shakespeare", "val", n=8, seq_len=128)   # doctest: +SKIP
+    >>> batch.shape
+    torch.Size([8, 128])
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from ..data import SHAKESPEARE_VALIDATION, read_corpus, split_documents
+from ..tokenizers import Tokenizer
+
+SPLITS = ("train", "val")
+
+
+def token_windows(
+    tokenizer: Tokenizer, corpus: str = "shakespeare", split: str = "val", n: int = 8, seq_len: int = 128,
+    seed: int = 0,
+) -> torch.Tensor:
+    """n windows of seq_len token ids (n, seq_len), each starting at a line start of a random passage of
+    the split's documents (chosen in proportion to their length); deterministic for a seed."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if n < 1 or seq_len < 2:
+        raise ValueError(f"need at least one window of at least 2 tokens (got n={n}, seq_len={seq_len})")
+    docs = read_corpus(corpus)
+    train, val = split_documents(docs, SHAKESPEARE_VALIDATION if corpus == "shakespeare" else None)
+    docs = train if split == "train" else val
+    rng = random.Random(seed)
+    weights = [len(d.text) for d in docs]
+    windows = []
+    chars = 8 * seq_len
+    while len(windows) < n:
+        text = rng.choices(docs, weights)[0].text
+        start = rng.randrange(max(1, len(text) - chars))
+        start = text.find("\n", start) + 1 or start            # begin at a line start
+        ids = tokenizer.encode(text[start : start + chars])
+        if len(ids) >= seq_len:
+            windows.append(ids[:seq_len])
+        elif len(text) < chars and len(ids) < seq_len:
+            raise ValueError(
+                f"corpus {corpus!r} ({split}) is too short for windows of {seq_len} tokens (use a lower --seq-len)"
+            )
+    return torch.tensor(windows, dtype=torch.long)

@@ -1,0 +1,83 @@
+"""What each attention head attends to: three scores per head, each the mean attention weight on one
+kind of key.
+
+    previous-token   query t -> key t-1                        (a positional head)
+    first-token      query t -> key 0                           (a "resting" head, attention sink)
+    induction        on a random sequence repeated twice, query t in the second copy -> the key right
+                     after the same token's earlier occurrence, t - n + 1  ("copy what came after this
+                     last time", Olsson et al. 2022). Random tokens leave nothing else to go on.
+
+    >>> s = head_scores(model, text_windows)                 # doctest: +SKIP
+    >>> s["induction"].shape                                  # (n_layers, n_heads)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model import GPT
+from .cache import run_with_cache
+
+
+def patterns(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """Every layer's attention pattern for token ids idx (B, T): (n_layers, B, heads, T, T)."""
+    names = [f"blocks.{i}.attn_pattern" for i in range(len(model.blocks))]
+    _, cache = run_with_cache(model, idx, names)
+    return cache.stack("attn_pattern")
+
+
+def repeated_random_tokens(vocab_size: int, n: int, half: int, seed: int = 0) -> torch.Tensor:
+    """n sequences (n, 2 * half): half random token ids, then the same ids again."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randint(0, vocab_size, (n, half), generator=g)
+    return torch.cat([r, r], dim=1)
+
+
+@torch.no_grad()
+def positional_scores(model: GPT, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Previous-token and first-token scores (n_layers, heads), averaged over queries 2..T-1 of idx (B, T)
+    (from query 2 on, the previous and the first token are different keys)."""
+    if idx.size(1) < 3:
+        raise ValueError(f"need windows of at least 3 tokens to score heads, got {idx.size(1)}")
+    a = patterns(model, idx)                                        # (L, B, H, T, T)
+    prev = a.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:]         # (L, B, H, T-2): weight on key t-1
+    first = a[..., 2:, 0]                                           # (L, B, H, T-2): weight on key 0
+    return {"previous_token": prev.mean((1, 3)), "first_token": first.mean((1, 3))}
+
+
+@torch.no_grad()
+def induction_scores(model: GPT, n: int = 4, half: int = 32, seed: int = 0) -> torch.Tensor:
+    """Induction score (n_layers, heads) on n random sequences of `half` tokens, each repeated once."""
+    if 2 * half > model.cfg.context:
+        raise ValueError(f"repeated sequences of 2 x {half} tokens exceed the model's context of {model.cfg.context}")
+    idx = repeated_random_tokens(model.cfg.vocab_size, n, half, seed).to(model.lm_head.weight.device)
+    a = patterns(model, idx)                                        # (L, B, H, 2h, 2h)
+    # query t (in the second copy, t >= half) -> key t - half + 1: the diagonal at offset -(half - 1)
+    diag = a.diagonal(offset=-(half - 1), dim1=-2, dim2=-1)         # queries t = half-1 .. 2h-1
+    return diag[..., 1:].mean((1, 3))
+
+
+def head_scores(model: GPT, text: torch.Tensor, n_random: int = 4, half: int = 32, seed: int = 0
+                ) -> dict[str, torch.Tensor]:
+    """All three scores (n_layers, heads): previous- and first-token on text windows (B, T),
+    induction on repeated random tokens."""
+    scores = positional_scores(model, text.to(model.lm_head.weight.device))
+    scores["induction"] = induction_scores(model, n_random, half, seed)
+    return {k: v.float().cpu() for k, v in scores.items()}
+
+
+def summarize(scores: dict[str, torch.Tensor], threshold: float = 0.4) -> dict:
+    """Per score: the heads above threshold and the mean relative depth (0 = first block, 1 = last) of
+    those heads, to check where positional and induction heads sit."""
+    out = {}
+    for name, s in scores.items():
+        L = s.size(0)
+        hits = (s > threshold).nonzero().tolist()
+        depth = [layer / max(1, L - 1) for layer, _ in hits]
+        best = torch.topk(s.flatten(), min(5, s.numel()))
+        out[name] = {
+            "heads_above": [[layer, head] for layer, head in hits],
+            "mean_depth_above": sum(depth) / len(depth) if depth else None,
+            "top": [[int(i) // s.size(1), int(i) % s.size(1), float(v)] for v, i in zip(best.values, best.indices)],
+        }
+    return out

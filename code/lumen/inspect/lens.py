@@ -1,0 +1,207 @@
+"""The logit lens (nostalgebraist 2020): read the residual stream after every layer through the model's
+own final norm and unembedding, and watch the prediction form.
+
+    >>> result = logit_lens(model, idx, tokenizer=tok)        # doctest: +SKIP
+    >>> result.top_tokens(layer=6)[-1]                        # doctest: +SKIP
+    ' Paris'
+
+Layer l means the stream after l blocks: layer 0 is the embedding, layer n_layers the last block's
+output, which the lens reads exactly as the model does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..model import GPT
+from .cache import run_with_cache
+
+MAX_CHUNK_BYTES = 256 * 2**20  # how many layers' logits to hold at once
+
+
+class Lens(nn.Module):
+    """Reads a next-token prediction out of the stream after layer l: unembed(translate(h, l))."""
+
+    def __init__(self, model: GPT):
+        super().__init__()
+        self._model = (model,)  # a reference, not a submodule: a lens never saves or trains the model
+        self.n_layers = len(model.blocks)
+
+    @property
+    def model(self) -> GPT:
+        return self._model[0]
+
+    def translate(self, h: torch.Tensor, layer: int) -> torch.Tensor:
+        """Bring the stream after `layer` closer to the final one (the identity for the logit lens)."""
+        return h
+
+    def unembed(self, h: torch.Tensor) -> torch.Tensor:
+        """The model's own read-out: final norm, then the unembedding."""
+        return self.model.lm_head(self.model.ln_f(h))
+
+    def forward(self, h: torch.Tensor, layer: int) -> torch.Tensor:
+        return self.unembed(self.translate(h, layer))
+
+
+class LogitLens(Lens):
+    """The final norm and unembedding applied unchanged to every layer's stream."""
+
+
+def streams(model: GPT, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the model's logits (B, T, V), the stream after every layer (n_layers + 1, B, T, d)) in one forward."""
+    names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(len(model.blocks))]
+    logits, cache = run_with_cache(model, idx, names)
+    return logits, cache.streams()
+
+
+def _chunks(n_layers: int, rows: int, vocab: int) -> list[range]:
+    per = max(1, MAX_CHUNK_BYTES // max(1, rows * vocab * 4))
+    return [range(a, min(a + per, n_layers)) for a in range(0, n_layers, per)]
+
+
+def lens_logits(lens: Lens, hs: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
+    """Logits of several layers at once: translate each, then one batched unembedding. hs: (n, ..., d)."""
+    return lens.unembed(torch.stack([lens.translate(h, layer) for h, layer in zip(hs, layers)]))
+
+
+def kl_to_final(final_logp: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """KL(final || lens) in nats per position: what the lens misses of the model's own prediction."""
+    return (final_logp.exp() * (final_logp - logp)).sum(-1)
+
+
+@dataclass
+class LensResult:
+    """What a lens sees at every layer (rows 0..n_layers) and position of one prompt."""
+
+    ids: list[int]
+    tokens: list[str]              # the prompt's tokens as text
+    top_ids: torch.Tensor          # (layers, T, k) the lens's k most likely next tokens
+    top_probs: torch.Tensor        # (layers, T, k) and their probabilities
+    next_prob: torch.Tensor        # (layers, T - 1) probability of the token that actually comes next
+    next_rank: torch.Tensor        # (layers, T - 1) its rank (0 = top-1)
+    entropy: torch.Tensor          # (layers, T) of the lens's distribution, nats
+    kl: torch.Tensor               # (layers, T) KL(final || lens), nats; 0 at the last layer
+    texts: dict[int, str] = field(default_factory=dict)  # token id -> text, when a tokenizer was given
+
+    @property
+    def n_layers(self) -> int:
+        return self.top_ids.size(0) - 1
+
+    def top_tokens(self, layer: int) -> list[str]:
+        """The top-1 token (as text) at every position, read after `layer` blocks."""
+        return [self.vocab_of(int(t)) for t in self.top_ids[layer, :, 0]]
+
+    def vocab_of(self, token_id: int) -> str:
+        return self.texts.get(token_id, str(token_id))
+
+    def first_top1_layer(self, position: int = -1) -> int | None:
+        """The first layer whose top-1 token at `position` is the model's final top-1 (None if never before)."""
+        final = self.top_ids[-1, position, 0]
+        hits = (self.top_ids[:, position, 0] == final).nonzero()
+        return int(hits[0]) if len(hits) else None
+
+    def to_dict(self) -> dict:
+        """Plain numbers and strings for JSON."""
+        k = self.top_ids.size(-1)
+        return {
+            "tokens": self.tokens,
+            "ids": self.ids,
+            "layers": [
+                {
+                    "layer": layer,
+                    "kl": [round(float(x), 6) for x in self.kl[layer]],
+                    "entropy": [round(float(x), 6) for x in self.entropy[layer]],
+                    "next_prob": [round(float(x), 6) for x in self.next_prob[layer]],
+                    "next_rank": [int(x) for x in self.next_rank[layer]],
+                    "top": [
+                        [[self.vocab_of(int(self.top_ids[layer, t, j])), round(float(self.top_probs[layer, t, j]), 6)]
+                         for j in range(k)]
+                        for t in range(len(self.ids))
+                    ],
+                }
+                for layer in range(self.n_layers + 1)
+            ],
+        }
+
+
+def _token_texts(tokenizer, ids: Iterable[int]) -> list[str]:
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
+@torch.no_grad()
+def logit_lens(
+    model: GPT,
+    idx: torch.Tensor | Sequence[int],
+    lens: Lens | None = None,
+    k: int = 5,
+    tokenizer=None,
+) -> LensResult:
+    """Run the model once on one prompt (ids (T,) or (1, T)) and read every layer through `lens`
+    (default: the logit lens). The unembeddings of many layers are batched into one matmul."""
+    idx = torch.as_tensor(idx, dtype=torch.long, device=model.lm_head.weight.device)
+    if idx.dim() == 1:
+        idx = idx[None]
+    if idx.dim() != 2 or idx.size(0) != 1:
+        raise ValueError(f"logit_lens reads one prompt: ids of shape (T,) or (1, T), got {tuple(idx.shape)}")
+    if idx.size(1) == 0:
+        raise ValueError("empty prompt: give at least one token")
+    lens = lens if lens is not None else LogitLens(model)
+    logits, hs = streams(model, idx)
+    hs = hs[:, 0]                                              # (layers, T, d)
+    final_logp = F.log_softmax(logits[0].float(), -1)          # (T, V) the model's own output
+    targets = idx[0, 1:]
+    parts: dict[str, list[torch.Tensor]] = {n: [] for n in ("top_p", "top_i", "p_next", "rank", "ent", "kl")}
+    T, V = final_logp.shape
+    for chunk in _chunks(hs.size(0), T, V):
+        z = lens_logits(lens, hs[chunk.start : chunk.stop], chunk).float()    # (n, T, V)
+        logp = F.log_softmax(z, -1)
+        del z
+        top = logp.topk(min(k, V), dim=-1)
+        parts["top_p"].append(top.values.exp())
+        parts["top_i"].append(top.indices)
+        lp_next = logp[:, :-1].gather(-1, targets[None, :, None].expand(len(chunk), -1, 1))  # (n, T-1, 1)
+        parts["p_next"].append(lp_next[..., 0].exp())
+        parts["rank"].append((logp[:, :-1] > lp_next).sum(-1))
+        parts["ent"].append(-(logp.exp() * logp).sum(-1))
+        # elementwise, then summed (not one long dot product): the last layer's KL is 0 to float precision
+        parts["kl"].append(F.kl_div(logp, final_logp, reduction="none", log_target=True).sum(-1))
+    cat = {n: torch.cat(v).cpu() for n, v in parts.items()}
+    ids = idx[0].tolist()
+    tokens = _token_texts(tokenizer, ids) if tokenizer is not None else [str(i) for i in ids]
+    texts = {}
+    if tokenizer is not None:
+        seen = sorted(set(cat["top_i"].flatten().tolist()))
+        texts = dict(zip(seen, _token_texts(tokenizer, seen)))
+    return LensResult(ids, tokens, cat["top_i"], cat["top_p"], cat["p_next"], cat["rank"], cat["ent"], cat["kl"],
+                      texts)
+
+
+@torch.no_grad()
+def evaluate_lens(model: GPT, lens: Lens, batches: Iterable[torch.Tensor]) -> dict[str, list[float]]:
+    """Per layer, over held-out token batches (B, T): the mean KL to the model's final output and the
+    mean cross-entropy against the actual next tokens (and its perplexity)."""
+    kl_sum = ce_sum = None
+    n_tokens = 0
+    for idx in batches:
+        logits, hs = streams(model, idx)
+        final_logp = F.log_softmax(logits[:, :-1].float(), -1)
+        targets = idx[:, 1:]
+        B, T1, V = final_logp.shape
+        kl_l, ce_l = [], []
+        for chunk in _chunks(hs.size(0), B * T1, V):
+            logp = F.log_softmax(lens_logits(lens, hs[chunk.start : chunk.stop, :, :-1], chunk).float(), -1)
+            kl_l.append(kl_to_final(final_logp, logp).sum((1, 2)))
+            ce_l.append(-logp.gather(-1, targets[None, ..., None].expand(len(chunk), -1, -1, 1)).sum((1, 2, 3)))
+        kl, ce = torch.cat(kl_l).double(), torch.cat(ce_l).double()
+        kl_sum = kl if kl_sum is None else kl_sum + kl
+        ce_sum = ce if ce_sum is None else ce_sum + ce
+        n_tokens += B * T1
+    if not n_tokens:
+        raise ValueError("no held-out tokens to evaluate the lens on (give a longer corpus)")
+    kl, ce = (kl_sum / n_tokens).tolist(), (ce_sum / n_tokens).tolist()
+    return {"kl": kl, "cross_entropy": ce, "perplexity": [float(torch.tensor(c).exp()) for c in ce]}

@@ -1,0 +1,166 @@
+"""MLP neurons as key-value memories (Geva et al. 2021).
+
+Hidden unit i of block l's MLP reads the stream with a key (column i of W1) and, when it fires, writes
+its value (row i of W2) into the stream. So a neuron has two faces:
+  - its triggers: the contexts in a corpus where it fires hardest (the token it fires on, marked);
+  - its effect: the vocabulary tokens its value vector promotes and suppresses, read the way the model
+    reads the stream: through the final norm's gain and the unembedding.
+
+    >>> value_tokens(model, tok, layer=20, unit=17)          # doctest: +SKIP
+    >>> scan_layer(model, tok, windows, layer=20)[:5]        # the units with the clearest triggers
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..block import LayerNorm
+from ..model import GPT
+from ..tokenizers import Tokenizer
+from .cache import capture, check_layer
+
+
+def _down(model: GPT, layer: int) -> torch.nn.Linear:
+    mlp = model.blocks[check_layer(model, layer)].mlp
+    return mlp.w_down if hasattr(mlp, "w_down") else mlp.proj
+
+
+def n_units(model: GPT, layer: int) -> int:
+    return _down(model, layer).in_features
+
+
+def check_unit(model: GPT, layer: int, unit: int) -> int:
+    n = n_units(model, layer)
+    if not 0 <= unit < n:
+        raise ValueError(f"unit {unit} is out of range: block {layer}'s MLP has units 0..{n - 1}")
+    return unit
+
+
+@torch.no_grad()
+def value_logits(model: GPT, layer: int, units: int | torch.Tensor | None = None) -> torch.Tensor:
+    """How each unit's value vector moves the logits: unembedding(gain * value), (V,) for one unit or
+    (units, V). LayerNorm also removes the mean, so the value is centred first; the norm's division by
+    the stream's size only scales all logits alike and is left out."""
+    values = _down(model, layer).weight.T                    # (d_ff, d): row i is unit i's value
+    if isinstance(units, int):
+        values = values[check_unit(model, layer, units)][None]
+    elif units is not None:
+        values = values[units]
+    if isinstance(model.ln_f, LayerNorm):
+        values = values - values.mean(-1, keepdim=True)
+    gain = getattr(model.ln_f, "g", None)
+    if gain is not None:
+        values = values * gain
+    out = model.lm_head(values)
+    return out[0] if isinstance(units, int) else out
+
+
+def value_tokens(model: GPT, tokenizer: Tokenizer, layer: int, unit: int, k: int = 10) -> dict:
+    """The k tokens unit's value vector promotes most and the k it suppresses most, with their logit shifts."""
+    z = value_logits(model, layer, unit)
+    up, down = z.topk(k), (-z).topk(k)
+    return {
+        "promoted": [(tokenizer.decode([int(i)]), float(v)) for v, i in zip(up.values, up.indices)],
+        "suppressed": [(tokenizer.decode([int(i)]), float(-v)) for v, i in zip(down.values, down.indices)],
+    }
+
+
+@torch.no_grad()
+def top_activations(
+    model: GPT, windows: torch.Tensor, layer: int, k: int = 10, batch: int = 8
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every unit of block `layer`'s MLP, its k largest activations over token windows (N, T):
+    (values (units, k), flat positions (units, k) into windows.flatten()). Runs the blocks up to `layer` only."""
+    check_layer(model, layer)
+    best_v = best_i = None
+    for start in range(0, windows.size(0), batch):
+        x = windows[start : start + batch].to(model.lm_head.weight.device)
+        acts = capture(model, x, f"blocks.{layer}.mlp_hidden").flatten(0, 1).float().cpu()  # (B*T, units)
+        pos = torch.arange(start * windows.size(1), start * windows.size(1) + acts.size(0))
+        kk = min(k, acts.size(0))
+        v, i = acts.topk(kk, dim=0)                                    # (kk, units)
+        v, i = v.T, pos[i].T                                           # (units, kk)
+        if best_v is not None:
+            v, i = torch.cat([best_v, v], 1), torch.cat([best_i, i], 1)
+        order = v.topk(min(k, v.size(1)), dim=1).indices
+        best_v, best_i = v.gather(1, order), i.gather(1, order)
+    return best_v, best_i
+
+
+@dataclass
+class Context:
+    activation: float
+    before: str       # the text leading up to the trigger
+    trigger: str      # the token the unit fired on
+    after: str        # the tokens that follow (the first is what the model had to predict)
+
+    def marked(self) -> str:
+        """The context with the trigger token marked, on one line: `... before [[trigger]] after`."""
+        text = f"{self.before}[[{self.trigger}]]{self.after}"
+        return text.replace("\n", "\\n")
+
+
+def contexts(tokenizer: Tokenizer, windows: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+             before: int = 12, after: int = 3) -> list[Context]:
+    """Text around each flat position (from `top_activations`), within its own window."""
+    T = windows.size(1)
+    out = []
+    for v, p in zip(values.tolist(), positions.tolist()):
+        row, t = divmod(p, T)
+        ids = windows[row].tolist()
+        out.append(Context(v, tokenizer.decode(ids[max(0, t - before) : t]), tokenizer.decode([ids[t]]),
+                           tokenizer.decode(ids[t + 1 : t + 1 + after])))
+    return out
+
+
+@dataclass
+class NeuronReport:
+    layer: int
+    unit: int
+    top_activation: float
+    trigger_share: float        # fraction of the top contexts that fire on the same token
+    common_trigger: str
+    agreement: float            # fraction of top contexts whose next token is among the promoted tokens
+    contexts: list[Context]
+    promoted: list[tuple[str, float]]
+    suppressed: list[tuple[str, float]]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["contexts"] = [dict(asdict(c), marked=c.marked()) for c in self.contexts]
+        return d
+
+
+def neuron_report(model: GPT, tokenizer: Tokenizer, windows: torch.Tensor, layer: int, unit: int,
+                  values: torch.Tensor, positions: torch.Tensor, n_value_tokens: int = 10) -> NeuronReport:
+    """Triggers and value tokens of one unit, given its top activations (a row of `top_activations`)."""
+    ctx = contexts(tokenizer, windows, values, positions)
+    flat = windows.flatten()
+    triggers = Counter(int(flat[p]) for p in positions.tolist())
+    common, count = triggers.most_common(1)[0]
+    vt = value_tokens(model, tokenizer, layer, unit, n_value_tokens)
+    promoted_ids = set(value_logits(model, layer, unit).topk(n_value_tokens).indices.tolist())
+    nexts = [int(flat[p + 1]) for p in positions.tolist() if (p + 1) % windows.size(1)]
+    agree = sum(n in promoted_ids for n in nexts) / max(1, len(nexts))
+    return NeuronReport(layer, unit, float(values[0]), count / len(positions), tokenizer.decode([common]), agree,
+                        ctx, vt["promoted"], vt["suppressed"])
+
+
+def scan_layer(model: GPT, tokenizer: Tokenizer, windows: torch.Tensor, layer: int, k: int = 10,
+               show: int = 10) -> list[NeuronReport]:
+    """Every unit of block `layer` over the windows; the `show` units with the clearest patterns: those whose
+    top-k contexts fire on one and the same token most often beyond what that token's frequency in the
+    windows would give by chance (a unit that fires on spaces is less telling than one that fires on "king"),
+    then those that fire hardest."""
+    values, positions = top_activations(model, windows, layer, k)
+    flat = windows.flatten()
+    trig = flat[positions]                                              # (units, k) trigger token ids
+    common = trig.mode(dim=1).values
+    share = (trig == common[:, None]).float().mean(1)                   # how often the commonest trigger recurs
+    freq = torch.bincount(flat, minlength=int(flat.max()) + 1).float() / flat.numel()
+    clarity = share - freq[common]
+    order = sorted(range(values.size(0)), key=lambda u: (-round(float(clarity[u]), 6), -float(values[u, 0])))
+    return [neuron_report(model, tokenizer, windows, layer, u, values[u], positions[u]) for u in order[:show]]

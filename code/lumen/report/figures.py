@@ -1,0 +1,113 @@
+"""PNG figures for the looking-inside tools, drawn with matplotlib's Agg canvas (no display, no pyplot state).
+
+    >>> lens_heatmap(result, "out/lens.png")                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .files import atomic_path
+
+MAX_POSITIONS = 32  # the heatmap shows at most the last 32 positions of a prompt
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    FigureCanvasAgg(fig)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    return Path(path)
+
+
+def layer_name(layer: int) -> str:
+    """Row `layer` of a lens (the stream after `layer` blocks), named by the block that wrote it last."""
+    return "embed" if layer == 0 else f"block {layer - 1}"
+
+
+def visible(text: str) -> str:
+    """A token as it can be seen in a cell: newlines as \\n, and a token of spaces as one ␣ per space."""
+    text = text.replace("\n", "\\n").replace("\t", "\\t")
+    return text.replace(" ", "\u2423") if not text.strip() else text
+
+
+def _short(text: str, n: int = 8) -> str:
+    text = visible(text)
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def lens_heatmap(result, path: str | Path, title: str = "logit lens") -> Path:
+    """Layers (rows, embedding at the bottom) x positions (columns): the lens's top-1 token written in
+    each cell, coloured by its probability; the logit-lens post's picture."""
+    T = len(result.tokens)
+    cols = list(range(max(0, T - MAX_POSITIONS), T))
+    probs = result.top_probs[:, cols, 0].numpy()                    # (layers, positions)
+    n_layers = probs.shape[0]
+    fig = Figure(figsize=(1.0 + 0.9 * len(cols), 1.0 + 0.28 * n_layers))
+    ax = fig.add_subplot()
+    im = ax.imshow(probs, origin="lower", aspect="auto", cmap="Blues", vmin=0, vmax=1)
+    for r in range(n_layers):
+        for c, t in enumerate(cols):
+            word = _short(result.vocab_of(int(result.top_ids[r, t, 0])))
+            ax.text(c, r, word, ha="center", va="center", fontsize=6.5, color="white" if probs[r, c] > 0.6 else "black")
+    ax.set_xticks(range(len(cols)), [_short(result.tokens[t], 10) for t in cols], rotation=60, ha="right", fontsize=7)
+    ax.set_yticks(range(n_layers), [layer_name(i) for i in range(n_layers)], fontsize=7)
+    ax.set_xlabel("input position (the cell predicts the token after it)")
+    ax.set_ylabel("stream after")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label="top-1 probability", fraction=0.03)
+    return _save(fig, path)
+
+
+def layer_curves(curves: dict[str, Sequence[float]], path: str | Path, ylabel: str = "KL to final output (nats)",
+                 title: str = "lenses by layer", log: bool = False) -> Path:
+    """One line per lens (or per quantity) against the layer index (0 = embedding)."""
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    for name, ys in curves.items():
+        ax.plot(range(len(ys)), ys, marker="o", markersize=3, label=name)
+    ax.set_xlabel("layer (0 = embedding, l = after block l - 1)")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def deletion_bars(table: dict, path: str | Path, title: str = "deleting one block") -> Path:
+    """Loss increase on held-out text when each block is skipped."""
+    rows = table["rows"]
+    fig = Figure(figsize=(max(5.0, 0.25 * len(rows) + 2), 3.8))
+    ax = fig.add_subplot()
+    ax.bar([r["layer"] for r in rows], [r["delta"] for r in rows], color="tab:red")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("deleted block")
+    ax.set_ylabel(f"loss increase (nats/token; intact {table['baseline']:.3f})")
+    ax.set_yscale("symlog", linthresh=0.1)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def head_scores_plot(scores: dict, path: str | Path, title: str = "attention heads by layer") -> Path:
+    """One panel per score: every head's score against its layer."""
+    names = list(scores)
+    fig = Figure(figsize=(4.0 * len(names), 3.6))
+    for k, name in enumerate(names):
+        s = scores[name]
+        ax = fig.add_subplot(1, len(names), k + 1)
+        L, H = s.shape
+        for layer in range(L):
+            ax.scatter([layer] * H, s[layer].tolist(), s=10, alpha=0.7, color="tab:blue")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("score")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(name.replace("_", " "))
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return _save(fig, path)

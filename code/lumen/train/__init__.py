@@ -1,0 +1,12 @@
+"""Training: the loop, its config, the optimizer and schedule, checkpoints and torch.distributed.
+
+    >>> from lumen.train import TrainConfig, load_config, train
+    >>> cfg, model_cfg = load_config(preset="shakespeare", sets=["steps=300", "save=false"])
+    >>> result = train(cfg, model_cfg)            # doctest: +SKIP
+    >>> result.final_val_loss, result.tokens_per_s
+"""
+
+from .config import PRESETS, TrainConfig, load_config, to_toml
+from .loop import TrainingError, TrainResult, train
+
+__all__ = ["PRESETS", "TrainConfig", "TrainResult", "TrainingError", "load_config", "to_toml", "train"]

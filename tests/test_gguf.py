@@ -1,0 +1,288 @@
+"""The GGUF reader on small files written here with the `gguf` package, the way llama.cpp's converter
+writes them: exact round trips, every quantization type `gguf` can write checked against Hugging Face's
+own GGUF loader, and damaged or unsupported files rejected with a one-line error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter, quants
+
+from lumen.formats import load
+from lumen.formats.gguf import GGUFError, read_gguf
+from lumen.model import GPT
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 byte values (the byte-level BPE alphabet)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+TOKENS = SPECIALS + byte_alphabet() + ["".join(m.split(" ")) for m in MERGES]
+
+
+def tiny_model(tie: bool = True, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    cfg = GPT.from_preset("baby-llama").cfg.replace(
+        vocab_size=len(TOKENS), context=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96,
+        rope_theta=50000.0, norm_eps=2.0**-16, tie_embeddings=tie,  # eps exact in float32
+    )
+    model = GPT(cfg).eval()
+    with torch.no_grad():  # norms away from 1, so a swapped gain would show
+        for name, p in model.named_parameters():
+            if name.endswith(".g"):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to W_Q and W_K rows: interleave each head's two halves."""
+    out, d_in = w.shape
+    return w.reshape(n_heads, 2, out // n_heads // 2, d_in).swapaxes(1, 2).reshape(out, d_in)
+
+
+GGUF_NAMES = {"ln1.g": "attn_norm.weight", "attn.q.weight": "attn_q.weight", "attn.k.weight": "attn_k.weight",
+              "attn.v.weight": "attn_v.weight", "attn.out.weight": "attn_output.weight", "ln2.g": "ffn_norm.weight",
+              "mlp.w_gate.weight": "ffn_gate.weight", "mlp.w_up.weight": "ffn_up.weight",
+              "mlp.w_down.weight": "ffn_down.weight"}
+
+
+def write_gguf(path, model: GPT, types: dict[str, Q] | None = None, arch: str = "llama", pre: str = "smollm",
+               extra: dict[str, np.ndarray] | None = None) -> None:
+    """model as a llama.cpp GGUF file; `types` picks a quantization per GGUF tensor name (default F32);
+    `extra` adds tensors as they are."""
+    cfg, types = model.cfg, types or {}
+    w = GGUFWriter(str(path), arch)
+    w.add_name("tiny")
+    w.add_block_count(cfg.n_layers)
+    w.add_context_length(cfg.context)
+    w.add_embedding_length(cfg.d_model)
+    w.add_feed_forward_length(cfg.hidden)
+    w.add_head_count(cfg.n_heads)
+    w.add_head_count_kv(cfg.kv_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(TOKENS)
+    w.add_token_types([3] * len(SPECIALS) + [1] * (len(TOKENS) - len(SPECIALS)))
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    tensors = {"token_embd.weight": sd["tok_emb.weight"], "output_norm.weight": sd["ln_f.g"]}
+    if not cfg.tie_embeddings:
+        tensors["output.weight"] = sd["lm_head.weight"]
+    for i in range(cfg.n_layers):
+        for ours, theirs in GGUF_NAMES.items():
+            t = sd[f"blocks.{i}.{ours}"]
+            if ours == "attn.q.weight":
+                t = llama_cpp_permute(t, cfg.n_heads)
+            elif ours == "attn.k.weight":
+                t = llama_cpp_permute(t, cfg.kv_heads)
+            tensors[f"blk.{i}.{theirs}"] = t
+    tensors.update(extra or {})
+    for name, t in tensors.items():
+        kind = types.get(name, Q.F32)
+        if kind == Q.F32:
+            w.add_tensor(name, np.ascontiguousarray(t))
+        else:
+            w.add_tensor(name, quants.quantize(np.ascontiguousarray(t), kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def hf_logits(path, ids: torch.Tensor) -> torch.Tensor:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        return hf(ids).logits
+
+
+IDS = torch.tensor([[5, 70, 3, 200, 17, 17, 99, 250, 1, 42, 8, 130]])
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_f32_file_round_trips_exactly(tmp_path, tie):
+    model = tiny_model(tie)
+    write_gguf(tmp_path / "tiny.gguf", model)
+    cfg, state, tok = read_gguf(tmp_path / "tiny.gguf")
+    assert cfg.replace(name=model.cfg.name) == model.cfg
+    for name, t in model.state_dict().items():
+        torch.testing.assert_close(state[name], t, rtol=0, atol=0, msg=name)
+    assert (state["lm_head.weight"] is state["tok_emb.weight"]) == tie
+
+
+def test_f32_file_matches_transformers(tmp_path):
+    """HF's GGUF loader undoes the Q/K permutation its own way: our logits must agree with its."""
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, tiny_model(tie=False))
+    loaded = load(str(path))
+    ours, _ = loaded.model(IDS)
+    torch.testing.assert_close(ours, hf_logits(path, IDS), rtol=0, atol=1e-5)
+
+
+def test_every_writable_quantization_matches_transformers(tmp_path):
+    """A file mixing F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 tensors gives HF's logits."""
+    path = tmp_path / "mixed.gguf"
+    kinds = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
+    names = [f"blk.{i}.{n}" for i in range(2) for n in GGUF_NAMES.values() if not n.endswith("norm.weight")]
+    types = {name: kinds[j % len(kinds)] for j, name in enumerate(names)} | {"token_embd.weight": Q.Q8_0,
+                                                                               "output.weight": Q.Q4_1}
+    model = tiny_model(tie=False, seed=1)
+    write_gguf(path, model, types)
+    _, state, _ = read_gguf(path)
+    assert not torch.equal(state["blocks.0.attn.k.weight"], model.blocks[0].attn.k.weight)  # really quantized
+    ours, _ = load(str(path)).model(IDS)
+    torch.testing.assert_close(ours, hf_logits(path, IDS), rtol=0, atol=1e-4)
+
+
+def test_tokenizer_from_metadata(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, tiny_model())
+    _, _, tok = read_gguf(path)
+    ids = tok.encode("the the thin<|im_end|> a")  # merges apply in rank order; specials stay whole
+    assert [TOKENS[i] for i in ids] == ["t", "he", "Ġthe", "Ġt", "h", "in", "<|im_end|>", "Ġa"]
+    assert tok.decode(ids) == "the the thin<|im_end|> a"
+    assert tok.eos_id == 2 and tok.chat_template.startswith("{% for m in messages %}")
+
+
+# --- bad input ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_gguf(path, tiny_model())
+    return path
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99, 0.02])
+def test_truncated_file(tmp_path, tiny_file, keep):
+    data = tiny_file.read_bytes()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(GGUFError, match="truncated|not a readable GGUF") as e:
+        read_gguf(bad)
+    assert "\n" not in str(e.value) and "again" in str(e.value)
+
+
+def test_corrupted_header(tmp_path, tiny_file):
+    data = bytearray(tiny_file.read_bytes())
+    data[0:4] = b"XXXX"  # the magic
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match="not a readable GGUF file"):
+        read_gguf(bad)
+    data = bytearray(tiny_file.read_bytes())
+    data[24:32] = b"\xff" * 8  # the first key's length: absurd
+    bad.write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match="not a readable GGUF file"):
+        read_gguf(bad)
+
+
+def test_unsupported_architecture(tmp_path):
+    path = tmp_path / "bert.gguf"
+    write_gguf(path, tiny_model(), arch="bert")
+    with pytest.raises(GGUFError, match="architecture 'bert' is not supported"):
+        read_gguf(path)
+
+
+def test_unsupported_quantization_type(tmp_path):
+    """Q8_1 is a type the gguf package cannot dequantize."""
+    model = tiny_model()
+    path = tmp_path / "q81.gguf"
+    write_gguf(path, model, {"blk.0.ffn_up.weight": Q.Q8_0})
+    data = bytearray(path.read_bytes())
+    # rewrite that tensor's type id in the header from Q8_0 to Q8_1 (blocks of 32 values, 36 bytes not 34)
+    name = b"blk.0.ffn_up.weight"
+    at = data.index(name) + len(name) + 4 + 8 * 2  # n_dims (u32), two u64 dims
+    assert int.from_bytes(data[at : at + 4], "little") == Q.Q8_0
+    data[at : at + 4] = int(Q.Q8_1).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match="Q8_1"):
+        read_gguf(path)
+
+
+def test_unknown_spec_lists_the_accepted_forms(tmp_path):
+    with pytest.raises(ValueError, match="a .gguf file, a Hugging Face directory"):
+        load("no-such-model")
+    with pytest.raises(FileNotFoundError, match="no GGUF file"):
+        load(str(tmp_path / "missing.gguf"))
+
+
+# --- one loader for every spec --------------------------------------------------------------------
+def test_load_reads_every_spec_form_to_the_same_logits(tmp_path, tiny_file):
+    """The same weights as a .gguf, as a Hugging Face directory (via `lumen convert`) and as a lumen
+    checkpoint give identical logits and tokenizers."""
+    from lumen.cli import main
+    from lumen.formats.checkpoint import save_checkpoint
+
+    first = load(str(tiny_file))
+    assert main(["convert", str(tiny_file), "--to", "hf", str(tmp_path / "hf")]) == 0
+    save_checkpoint(tmp_path / "run" / "checkpoints" / "step-000001", first.model, first.tokenizer)
+    expected, _ = first.model(IDS)
+    for spec in (tmp_path / "hf", tmp_path / "run", tmp_path / "run" / "checkpoints" / "step-000001"):
+        other = load(str(spec))
+        logits, _ = other.model(IDS)
+        assert torch.equal(logits, expected), spec
+        assert other.tokenizer.encode("the thin 12") == first.tokenizer.encode("the thin 12"), spec
+        assert not other.model.training
+    back = load(str(tmp_path / "hf"))
+    assert back.tokenizer.eos_id == 2 and back.tokenizer.chat_template == first.tokenizer.chat_template
+
+
+def test_load_in_bfloat16(tiny_file):
+    m = load(str(tiny_file), dtype=torch.bfloat16).model
+    assert {p.dtype for p in m.parameters()} == {torch.bfloat16}
+    logits, _ = m(IDS)
+    ref, _ = load(str(tiny_file)).model(IDS)
+    assert (logits.float() - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_cli_eval_and_generate_on_a_gguf_file(tmp_path, tiny_file, capsys):
+    from lumen.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text("the thin the thin in a the " * 20)
+    assert main(["eval", str(tiny_file), "--text", str(text), "--context", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "nats/token" in out and "perplexity" in out
+    assert main(["generate", str(tiny_file), "--prompt", "the", "--max-new-tokens", "5", "--seed", "1",
+                 "--temperature", "1"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe\x00")
+    assert main(["eval", str(tiny_file), "--text", str(bad)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+    assert main(["eval", str(tiny_file), "--text", str(text), "--context", "100"]) == 2
+    assert "exceeds the model's 64" in capsys.readouterr().err
+
+
+def test_unknown_tensor_is_an_error_not_ignored(tmp_path):
+    """A tensor lumen has no place for (here a bias on W_Q) must stop the load, not be dropped silently."""
+    path = tmp_path / "bias.gguf"
+    write_gguf(path, tiny_model(), extra={"blk.1.attn_q.bias": np.zeros(64, dtype=np.float32)})
+    with pytest.raises(GGUFError, match="blk.1.attn_q.bias has no place in lumen's Llama model"):
+        read_gguf(path)

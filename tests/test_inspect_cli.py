@@ -1,0 +1,108 @@
+"""`lumen lens / tuned-lens / delete-layer / neurons / heads` end to end on a small lumen run directory
+and a text corpus: tables, JSON, figures, and one-line errors for bad input."""
+
+import json
+
+import pytest
+import torch
+
+from lumen import GPT, ModelConfig
+from lumen.cli import main
+from lumen.formats.checkpoint import save_checkpoint
+from lumen.tokenizers import CharTokenizer
+
+TEXT = ("ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
+        "Arise, fair sun, and kill the envious moon,\nWho is already sick and pale with grief.\n") * 6
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A small lumen checkpoint with a character tokenizer, and a corpus folder of two texts."""
+    root = tmp_path_factory.mktemp("inspect_cli")
+    tok = CharTokenizer.from_text(TEXT)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, context=64, d_model=32, n_layers=3, n_heads=4, name="tiny-run")
+    save_checkpoint(root / "run", GPT(cfg), tokenizer=tok)
+    (root / "corpus").mkdir()
+    (root / "corpus" / "a.txt").write_text(TEXT)
+    (root / "corpus" / "b.txt").write_text(TEXT[::-1])  # held out: the last document
+    return root
+
+
+def lumen(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_lens_table_json_and_files(run_dir, capsys, tmp_path):
+    code, out, _ = lumen(capsys, "lens", run_dir / "run", "--prompt", "It is the east", "--out", tmp_path)
+    assert code == 0
+    assert "block 2" in out and "embed" in out and "first becomes top-1 at layer" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kl.png", "lens.html", "lens.json", "lens.png"]
+    code, out, _ = lumen(capsys, "lens", run_dir / "run", "--prompt", "It is the east", "--json", "--top-k", "2")
+    data = json.loads(out)["logit lens"]
+    assert data["tokens"] == list("It is the east") and len(data["layers"]) == 4
+    assert len(data["layers"][0]["top"][0]) == 2 and max(data["layers"][-1]["kl"]) < 1e-5
+
+
+def test_tuned_lens_train_eval_and_use(run_dir, capsys, tmp_path):
+    lens = tmp_path / "tiny.lens"
+    code, out, err = lumen(capsys, "tuned-lens", "train", run_dir / "run", "--corpus", run_dir / "corpus",
+                           "--steps", "3", "--seq-len", "32", "--eval-windows", "2", "--out", lens,
+                           "--report", tmp_path / "report")
+    assert code == 0, err
+    assert lens.is_file() and "KL logit" in out and "step 3/3" in err
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["kl.png", "perplexity.png", "tuned_lens.json"]
+    code, out, _ = lumen(capsys, "tuned-lens", "eval", run_dir / "run", lens, "--corpus", run_dir / "corpus",
+                         "--seq-len", "32", "--eval-windows", "2", "--json")
+    report = json.loads(out)
+    assert code == 0 and len(report["tuned_lens"]["kl"]) == 4
+    assert report["tuned_lens"]["kl"][-1] == pytest.approx(report["logit_lens"]["kl"][-1])
+    code, out, _ = lumen(capsys, "lens", run_dir / "run", "--prompt", "Juliet", "--tuned", lens, "--json")
+    assert code == 0 and set(json.loads(out)) == {"logit lens", "tuned lens"}
+
+
+def test_delete_layer_neurons_heads(run_dir, capsys, tmp_path):
+    code, out, _ = lumen(capsys, "delete-layer", run_dir / "run", "--corpus", run_dir / "corpus", "--windows", "2",
+                         "--seq-len", "32", "--out", tmp_path)
+    assert code == 0 and "deleted" in out and len(out.strip().splitlines()) == 2 + 3
+    assert (tmp_path / "deletion.png").is_file() and (tmp_path / "deletion.json").is_file()
+    code, out, _ = lumen(capsys, "neurons", run_dir / "run", "--layer", "1", "--corpus", run_dir / "corpus",
+                         "--windows", "4", "--seq-len", "32", "--show", "2", "--top-k", "3")
+    assert code == 0 and out.count("\nunit ") == 2 and "[[" in out and "promotes:" in out
+    code, out, _ = lumen(capsys, "neurons", run_dir / "run", "--layer", "2", "--unit", "7", "--corpus",
+                         run_dir / "corpus", "--windows", "2", "--seq-len", "32", "--json")
+    (report,) = json.loads(out)
+    assert code == 0 and report["unit"] == 7 and len(report["contexts"]) == 8 and len(report["promoted"]) == 10
+    code, out, _ = lumen(capsys, "heads", run_dir / "run", "--corpus", run_dir / "corpus", "--windows", "2",
+                         "--seq-len", "32", "--half", "8", "--out", tmp_path)
+    assert code == 0 and "induction" in out and (tmp_path / "heads.png").is_file()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["neurons", "{run}", "--layer", "3"], "layer 3 is out of range: this model has blocks 0..2"),
+    (["neurons", "{run}", "--layer", "0", "--unit", "128"], "unit 128 is out of range"),
+    (["delete-layer", "{run}", "--layers", "0,9"], "layer 9 is out of range"),
+    (["lens", "{run}", "--prompt", "It is the east. " * 5], "exceeds the model's context of 64"),
+    (["lens", "{run}", "--prompt", ""], "--prompt is empty"),
+    (["lens", "{run}", "--prompt", "sun", "--tuned", "{missing}"], "no tuned lens at"),
+    (["tuned-lens", "train", "{run}", "--corpus", "{missing}", "--seq-len", "16"], "no such file or directory"),
+])
+def test_bad_input_is_one_clear_line(run_dir, capsys, tmp_path, argv, message):
+    argv = [a.format(run=run_dir / "run", missing=tmp_path / "missing") for a in argv]
+    if argv[0] in ("neurons", "delete-layer"):
+        argv += ["--corpus", str(run_dir / "corpus"), "--windows", "1", "--seq-len", "16"]
+    code, _, err = lumen(capsys, *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_lens_for_another_model_is_refused(run_dir, capsys, tmp_path):
+    from lumen.inspect import TunedLens
+
+    torch.manual_seed(1)
+    tok = CharTokenizer.from_text(TEXT)
+    other = GPT(ModelConfig(vocab_size=tok.vocab_size, context=64, d_model=32, n_layers=3, n_heads=4))
+    TunedLens(other).save(tmp_path / "other.lens")
+    code, _, err = lumen(capsys, "lens", run_dir / "run", "--prompt", "sun", "--tuned", tmp_path / "other.lens")
+    assert code == 2 and "trained for another model" in err
