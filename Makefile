@@ -32,5 +32,8 @@ test: setup
 lint: setup
 	$(BIN)/ruff check code tests bench
 
+# speed against Hugging Face, measured in one run each (numbers in the README)
 bench: setup
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/bench_train.py
+	$(BIN)/python bench/bench_smollm2.py
+	$(BIN)/python bench/bench_lens.py
