@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from . import UserError
-from .lens import load_model
+from .models import load_with_tokenizer
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     except ValueError:
         raise UserError(f"--layers must be comma-separated integers, got {args.layers!r}") from None
-    model, tok = load_model(args.model)
+    model, tok = load_with_tokenizer(args.model)
     if args.seq_len > model.cfg.context:
         raise UserError(f"--seq-len {args.seq_len} exceeds the model's context of {model.cfg.context}")
     windows = token_windows(tok, args.corpus, "val", args.windows, args.seq_len, args.seed)

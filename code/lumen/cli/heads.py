@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from . import UserError
-from .lens import load_model
+from .models import load_with_tokenizer
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.windows < 1 or args.seq_len < 3 or args.half < 2:
         raise UserError("--windows must be at least 1, --seq-len at least 3 and --half at least 2")
-    model, tok = load_model(args.model)
+    model, tok = load_with_tokenizer(args.model)
     if args.seq_len > model.cfg.context:
         raise UserError(f"--seq-len {args.seq_len} exceeds the model's context of {model.cfg.context}")
     text = token_windows(tok, args.corpus, "val", args.windows, args.seq_len, args.seed)

@@ -11,18 +11,9 @@ import json
 from pathlib import Path
 
 from . import UserError
+from .models import load_with_tokenizer
 
 TABLE_POSITIONS = 6
-
-
-def load_model(spec: str):
-    """(model, tokenizer) of a model spec; the looking-inside tools need the tokenizer."""
-    from ..formats import load
-
-    loaded = load(spec)
-    if loaded.tokenizer is None:
-        raise UserError(f"{spec} has no tokenizer saved with it (the tools need one to read text)")
-    return loaded.model, loaded.tokenizer
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -43,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top_k < 1:
         raise UserError(f"--top-k must be at least 1, got {args.top_k}")
-    model, tok = load_model(args.model)
+    model, tok = load_with_tokenizer(args.model)
     ids = tok.encode(args.prompt)
     if not ids:
         raise UserError("--prompt is empty: give some text")

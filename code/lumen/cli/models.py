@@ -18,3 +18,11 @@ def load_model(spec: str, dtype: str = "float32"):
         return load(spec, dtype=DTYPES[dtype])
     except FetchError as e:
         raise UserError(str(e)) from None
+
+
+def load_with_tokenizer(spec: str, dtype: str = "float32"):
+    """(model, tokenizer) of a spec, for the tools that read text: a spec without a tokenizer is an error."""
+    loaded = load_model(spec, dtype)
+    if loaded.tokenizer is None:
+        raise UserError(f"{spec} has no tokenizer saved with it (the tools need one to read text)")
+    return loaded.model, loaded.tokenizer

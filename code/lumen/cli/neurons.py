@@ -8,7 +8,7 @@ import argparse
 import json
 
 from . import UserError
-from .lens import load_model
+from .models import load_with_tokenizer
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.windows < 1 or args.seq_len < 2 or args.top_k < 1 or args.show < 1:
         raise UserError("--windows, --top-k and --show must be at least 1, --seq-len at least 2")
-    model, tok = load_model(args.model)
+    model, tok = load_with_tokenizer(args.model)
     check_layer(model, args.layer)
     if args.unit is not None:
         check_unit(model, args.layer, args.unit)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from . import UserError
-from .lens import load_model
+from .models import load_with_tokenizer
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("seq_len", "eval_windows") + (("steps", "batch") if args.action == "train" else ()):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    model, tok = load_model(args.model)
+    model, tok = load_with_tokenizer(args.model)
     if args.seq_len > model.cfg.context:
         raise UserError(f"--seq-len {args.seq_len} exceeds the model's context of {model.cfg.context}")
     seconds = None
