@@ -40,16 +40,25 @@ def smollm2_tokenizer(smollm2_loaded):
 
 
 @pytest.fixture(scope="session")
-def smollm2_hf(smollm2_gguf):
-    """The reference: transformers' LlamaForCausalLM from the same GGUF, fp32, eager attention."""
+def hf_from_gguf():
+    """The reference loader: transformers' model from a GGUF file, fp32, eager attention."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32, attn_implementation="eager"
-    )
-    return model.eval()
+
+    def load(path):
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf, hf_from_gguf):
+    """The reference: transformers' LlamaForCausalLM from the same GGUF, fp32, eager attention."""
+    return hf_from_gguf(smollm2_gguf)
 
 
 @pytest.fixture(scope="session")

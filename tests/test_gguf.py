@@ -110,16 +110,9 @@ def write_gguf(path, model: GPT, types: dict[str, Q] | None = None, arch: str = 
     w.close()
 
 
-def hf_logits(path, ids: torch.Tensor) -> torch.Tensor:
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+def hf_logits(hf_from_gguf, path, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return hf(ids).logits
+        return hf_from_gguf(path)(ids).logits
 
 
 IDS = torch.tensor([[5, 70, 3, 200, 17, 17, 99, 250, 1, 42, 8, 130]])
@@ -136,16 +129,16 @@ def test_f32_file_round_trips_exactly(tmp_path, tie):
     assert (state["lm_head.weight"] is state["tok_emb.weight"]) == tie
 
 
-def test_f32_file_matches_transformers(tmp_path):
+def test_f32_file_matches_transformers(tmp_path, hf_from_gguf):
     """HF's GGUF loader undoes the Q/K permutation its own way: our logits must agree with its."""
     path = tmp_path / "tiny.gguf"
     write_gguf(path, tiny_model(tie=False))
     loaded = load(str(path))
     ours, _ = loaded.model(IDS)
-    torch.testing.assert_close(ours, hf_logits(path, IDS), rtol=0, atol=1e-5)
+    torch.testing.assert_close(ours, hf_logits(hf_from_gguf, path, IDS), rtol=0, atol=1e-5)
 
 
-def test_every_writable_quantization_matches_transformers(tmp_path):
+def test_every_writable_quantization_matches_transformers(tmp_path, hf_from_gguf):
     """A file mixing F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 tensors gives HF's logits."""
     path = tmp_path / "mixed.gguf"
     kinds = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
@@ -157,7 +150,7 @@ def test_every_writable_quantization_matches_transformers(tmp_path):
     _, state, _ = read_gguf(path)
     assert not torch.equal(state["blocks.0.attn.k.weight"], model.blocks[0].attn.k.weight)  # really quantized
     ours, _ = load(str(path)).model(IDS)
-    torch.testing.assert_close(ours, hf_logits(path, IDS), rtol=0, atol=1e-4)
+    torch.testing.assert_close(ours, hf_logits(hf_from_gguf, path, IDS), rtol=0, atol=1e-4)
 
 
 def test_tokenizer_from_metadata(tmp_path):

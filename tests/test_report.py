@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lumen import GPT, ModelConfig
+from lumen.files import atomic_path, write_text
 from lumen.inspect import deletion_table, head_scores, logit_lens
 from lumen.report.figures import deletion_bars, head_scores_plot, layer_curves, lens_heatmap
-from lumen.report.files import atomic_path, write_text
 from lumen.report.html import colour, lens_page
 from lumen.tokenizers import CharTokenizer
 

@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     table = deletion_table(model, windows, layers)
     table["model"] = model.cfg.name
     if args.out:
+        from ..files import write_text
         from ..report.figures import deletion_bars
-        from ..report.files import write_text
 
         out = Path(args.out)
         write_text(out / "deletion.json", json.dumps(table, indent=1))

@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(scores, args.threshold)
     data = {"model": model.cfg.name, "scores": {k: v.tolist() for k, v in scores.items()}, "summary": summary}
     if args.out:
+        from ..files import write_text
         from ..report.figures import head_scores_plot
-        from ..report.files import write_text
 
         out = Path(args.out)
         write_text(out / "heads.json", json.dumps(data))

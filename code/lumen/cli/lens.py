@@ -80,8 +80,8 @@ def _clip(text: str, n: int) -> str:
 
 
 def write_outputs(out: Path, results: dict, main_name: str) -> None:
+    from ..files import write_text
     from ..report.figures import layer_curves, lens_heatmap
-    from ..report.files import write_text
     from ..report.html import lens_page
 
     result = results[main_name]

@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_report(out: Path, report: dict) -> None:
+    from ..files import write_text
     from ..report.figures import layer_curves
-    from ..report.files import write_text
 
     write_text(out / "tuned_lens.json", json.dumps(report, indent=1))
     curves = {"logit lens": report["logit_lens"]["kl"], "tuned lens": report["tuned_lens"]["kl"]}

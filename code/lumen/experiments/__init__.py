@@ -18,7 +18,7 @@ from types import ModuleType
 
 import torch
 
-from ..report.files import write_text
+from ..files import write_text
 from .result import Result, Table
 
 # experiment name -> module under lumen.experiments, in the chapter's order

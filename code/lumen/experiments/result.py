@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..report.files import atomic_path, write_text
+from ..files import atomic_path, write_text
 
 
 @dataclass

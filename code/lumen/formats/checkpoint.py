@@ -151,21 +151,6 @@ def write_file(path: Path, write: Callable[[Path], None]) -> None:
         os.fsync(f.fileno())
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write a small text file: a temporary file beside it, fsync, rename over the old one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_checkpoint(
     path: str | Path,
     model: nn.Module,

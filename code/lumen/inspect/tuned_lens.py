@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..files import atomic_path
 from ..model import GPT
-from ..report.files import atomic_path
 from .lens import Lens, kl_to_final, streams
 
 KIND = "lumen-tuned-lens"

@@ -11,7 +11,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .files import atomic_path
+from ..files import atomic_path
 
 MAX_POSITIONS = 32  # the heatmap shows at most the last 32 positions of a prompt
 

@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from ..config import ModelConfig
 from ..data import TokenData, prepare
+from ..files import write_text
 from ..formats import checkpoint as ckpt
 from ..model import GPT
 from ..tokenizers import Tokenizer
@@ -310,7 +311,7 @@ class Trainer:
         try:
             ckpt.save_checkpoint(path, self.raw, self.tokenizer, meta, state)
             if improved:
-                ckpt.atomic_write_text(self.run_dir / ckpt.BEST, json.dumps({"checkpoint": name, "val_loss": val}))
+                write_text(self.run_dir / ckpt.BEST, json.dumps({"checkpoint": name, "val_loss": val}))
         except OSError as e:
             kept = [p.name for p in ckpt.checkpoints(self.run_dir)]
             raise TrainingError(
@@ -339,7 +340,7 @@ class Trainer:
             print(f"lumen train: no checkpoint in {self.run_dir} yet; starting from step 0", file=sys.stderr)
         if self.writes:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.atomic_write_text(self.run_dir / "config.toml", to_toml(self.cfg, self.model_cfg))
+            write_text(self.run_dir / "config.toml", to_toml(self.cfg, self.model_cfg))
             self.tokenizer.save(self.run_dir)
             self._rewrite_metrics()
 
@@ -374,7 +375,7 @@ class Trainer:
     def _rewrite_metrics(self) -> None:
         """metrics.jsonl as of the checkpoint resumed from: records a killed run wrote later are dropped."""
         text = "".join(json.dumps(r) + "\n" for r in self.history)
-        ckpt.atomic_write_text(self.run_dir / "metrics.jsonl", text)
+        write_text(self.run_dir / "metrics.jsonl", text)
 
     def _plot(self) -> None:
         from .plot import plot_losses
@@ -386,7 +387,7 @@ class Trainer:
              "val_loss_per_char": r.val_loss_per_char, "final_train_loss": r.final_train_loss, "steps": r.steps,
              "tokens": r.tokens, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu, "wall_time": r.wall_time,
              "stopped": r.stopped, "processes": self.dist.world, "bf16": self.bf16, "device": str(self.device)}
-        ckpt.atomic_write_text(self.run_dir / "summary.json", json.dumps(s, indent=1) + "\n")
+        write_text(self.run_dir / "summary.json", json.dumps(s, indent=1) + "\n")
 
     def _any_rank(self, flag: bool) -> bool:
         return bool(distributed.total(torch.tensor([float(flag)]), self.dist).item())

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from ..files import atomic_path
 
 
 def plot_losses(history: list[dict], path: str | Path, title: str = "") -> Path:
@@ -26,8 +27,7 @@ def plot_losses(history: list[dict], path: str | Path, title: str = "") -> Path:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, bbox_inches="tight")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", bbox_inches="tight")
     plt.close(fig)
-    os.replace(tmp, path)
     return path
