@@ -7,8 +7,9 @@ Both load the same GGUF file and run greedy decoding with a KV cache. For each d
   prefill  tokens/s of one forward pass over a 512-token prompt (all logits, as both models compute them)
   decode   tokens/s of greedy decoding of 128 new tokens after a short prompt (KV cache; prefill included)
   memory   the weights' bytes (with packed copies), and the peak extra resident memory (Linux VmHWM)
-and the ratios lumen/HF, by wall time and by CPU time; the goals are decode >= 2x HF fp32,
-bf16 weights >= 3x HF fp32, prefill >= 1.2x.
+for lumen's eager decoding and its compiled one-token step (`generate(..., compile=True)`; the time
+to compile is printed, not counted), and the ratios lumen/HF, by wall time and by CPU time; the goals
+are decode >= 2x HF fp32, bf16 weights >= 3x HF fp32, prefill >= 1.2x.
 Timings are medians over --repeats runs (the machine may be shared: run it twice). On a machine shared
 by more busy processes than cores, --threads 1 gives steadier numbers: a multi-threaded op then waits
 for a second core to be scheduled. Not a test.
@@ -100,8 +101,12 @@ def bench(dtype: torch.dtype, n_prefill: int, n_decode: int, repeats: int) -> di
     short = torch.tensor([tok.encode(PROMPT)])
     eos = tok.eos_id
 
-    def lumen_decode():
-        return model.generate(short, n_decode, temperature=0)
+    def lumen_decode(compile: bool = False):
+        return model.generate(short, n_decode, temperature=0, compile=compile)
+
+    t = time.perf_counter()
+    lumen_decode(compile=True)  # compiles the one-token step (once per process)
+    compile_s = time.perf_counter() - t
 
     def hf_decode():
         return hf.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=n_decode,
@@ -110,6 +115,7 @@ def bench(dtype: torch.dtype, n_prefill: int, n_decode: int, repeats: int) -> di
     out = {}
     for who, prefill, decode in (
         ("lumen", lambda: model(prompt), lumen_decode),
+        ("lumen-compiled", lambda: model(prompt), lambda: lumen_decode(compile=True)),
         ("hf", lambda: hf(prompt, use_cache=False), hf_decode),
     ):
         t_pre, c_pre, mem_pre = timed(prefill, repeats)
@@ -118,12 +124,13 @@ def bench(dtype: torch.dtype, n_prefill: int, n_decode: int, repeats: int) -> di
               f"decode {n_decode / t_dec:.1f} tok/s ({n_decode / c_dec:.1f} per CPU-second)", flush=True)
         out[who] = {"prefill_tok_s": n_prefill / t_pre, "decode_tok_s": n_decode / t_dec,
                     "prefill_tok_cpu_s": n_prefill / c_pre, "decode_tok_cpu_s": n_decode / c_dec,
-                    "weights_mib": weights_mib(model if who == "lumen" else hf),
+                    "weights_mib": weights_mib(hf if who == "hf" else model),
                     "peak_extra_mib_prefill": mem_pre, "peak_extra_mib_decode": mem_dec}
-    same = lumen_decode()[0, short.size(1):].tolist() == hf.generate(
-        short, attention_mask=torch.ones_like(short), max_new_tokens=n_decode, do_sample=False, pad_token_id=eos
-    )[0, short.size(1):].tolist()[:n_decode]
-    out["same_tokens"] = same
+    theirs = hf.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=n_decode, do_sample=False,
+                         pad_token_id=eos)[0, short.size(1):].tolist()[:n_decode]
+    out["same_tokens"] = {who: fn()[0, short.size(1):].tolist() == theirs
+                          for who, fn in (("lumen", lumen_decode), ("lumen-compiled", lambda: lumen_decode(True)))}
+    out["compile_s"] = compile_s
     return out
 
 
@@ -140,19 +147,22 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
     results = {name: bench(getattr(torch, name), args.prefill, args.decode, args.repeats) for name in args.dtypes}
     hf32 = results.get("float32", {}).get("hf")
-    print(f"\n{'':10}{'who':7}{'prefill tok/s':>15}{'decode tok/s':>14}{'weights MiB':>13}"
+    print(f"\n{'':10}{'who':15}{'prefill tok/s':>15}{'decode tok/s':>14}{'weights MiB':>13}"
           f"{'peak+ prefill':>15}{'peak+ decode':>14}")
     for name, r in results.items():
-        for who in ("lumen", "hf"):
+        for who in ("lumen", "lumen-compiled", "hf"):
             m = r[who]
-            print(f"{name:10}{who:7}{m['prefill_tok_s']:>15.1f}{m['decode_tok_s']:>14.1f}{m['weights_mib']:>13.0f}"
+            print(f"{name:10}{who:15}{m['prefill_tok_s']:>15.1f}{m['decode_tok_s']:>14.1f}{m['weights_mib']:>13.0f}"
                   f"{m['peak_extra_mib_prefill']:>15.0f}{m['peak_extra_mib_decode']:>14.0f}")
-        lu, hf = r["lumen"], r["hf"]
-        for unit, sfx in (("wall", "_s"), ("CPU", "_cpu_s")):
-            pre, dec = "prefill_tok" + sfx, "decode_tok" + sfx
-            print(f"{name:10}lumen/HF ({unit:4}): prefill {lu[pre] / hf[pre]:.2f}x, decode {lu[dec] / hf[dec]:.2f}x"
-                  + (f", decode vs HF float32 {lu[dec] / hf32[dec]:.2f}x" if hf32 else ""))
-        print(f"{name:10}greedy tokens identical to HF: {r['same_tokens']}")
+        hf = r["hf"]
+        for who in ("lumen", "lumen-compiled"):
+            lu = r[who]
+            for unit, sfx in (("wall", "_s"), ("CPU", "_cpu_s")):
+                pre, dec = "prefill_tok" + sfx, "decode_tok" + sfx
+                print(f"{name:10}{who}/HF ({unit:4}): prefill {lu[pre] / hf[pre]:.2f}x, "
+                      f"decode {lu[dec] / hf[dec]:.2f}x"
+                      + (f", decode vs HF float32 {lu[dec] / hf32[dec]:.2f}x" if hf32 else ""))
+        print(f"{name:10}greedy tokens identical to HF: {r['same_tokens']}; compiling took {r['compile_s']:.0f} s")
 
 
 if __name__ == "__main__":

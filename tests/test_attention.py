@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lumen import GPT, KVCache, ModelConfig, MultiHeadAttention, RoPE
-from lumen.attention import causal_mask
+from lumen.attention import visible
 
 SHAPES = [
     dict(n_heads=4),  # plain multi-head, learned positions
@@ -99,11 +99,25 @@ def test_kv_cache_matches_full_forward(kw):
     assert cache.n == 15
 
 
-def test_causal_mask_window():
-    m = causal_mask(2, 5, 3, None, torch.device("cpu"))
+def test_visible_window():
+    # queries at positions 3 and 4 of five cache slots see their own position and those before
+    m = visible(torch.tensor([3, 4]), 5)
     assert m.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
-    assert causal_mask(4, 4, 0, None, torch.device("cpu")) is None
-    assert causal_mask(1, 9, 8, None, torch.device("cpu")) is None
+    assert visible(torch.arange(4), 4).equal(torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_cache_slots_beyond_the_sequence_do_not_matter():
+    # a cache larger than needed (unwritten slots hold garbage) gives the same logits
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=50, context=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, positions="rope")
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 50, (1, 9))
+    full, _ = model(idx)
+    cache = KVCache(cfg, 1, 64)
+    for layer in cache.layers:
+        layer.k.normal_(), layer.v.normal_()
+    parts = [model(idx[:, :4], cache=cache)[0]] + [model(idx[:, i : i + 1], cache=cache)[0] for i in range(4, 9)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
 
 
 def test_kv_cache_full_is_an_error():

@@ -42,6 +42,23 @@ def test_cached_decode_equals_uncached(positions):
     assert torch.equal(fast, slow)
 
 
+def test_compiled_decoding_step_gives_the_eager_numbers():
+    # torch.compile'd one-token steps (static cache shapes, weights frozen in) against eager decoding
+    torch.manual_seed(0)
+    model = GPT(TINY.replace(positions="rope", n_kv_heads=2, context=300)).eval()
+    idx = torch.randint(0, 50, (2, 5))
+    eager = model.generate(idx, 10, temperature=0)
+    assert torch.equal(model.generate(idx, 10, temperature=0, compile=True), eager)
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    # a different length and sampling reuse the same compiled step (slots are rounded up to 256)
+    sampled = model.generate(idx[:, :3], 7, temperature=1.0, top_k=5, generator=g(), compile=True)
+    assert torch.equal(sampled, model.generate(idx[:, :3], 7, temperature=1.0, top_k=5, generator=g()))
+    # the weights are inputs of the compiled graph: changing them changes what it computes
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1)
+    assert torch.equal(model.generate(idx, 10, temperature=0, compile=True), model.generate(idx, 10, temperature=0))
+
+
 def test_sampling_is_seeded_and_respects_top_k_top_p():
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
     g = lambda: torch.Generator().manual_seed(0)  # noqa: E731

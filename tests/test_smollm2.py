@@ -209,12 +209,29 @@ def test_bfloat16_packed_model_still_knows_paris(smollm2, smollm2_tokenizer):
     weights give the same tokens as plain bf16 F.linear."""
     import copy
 
-    from lumen.packing import PackedLinear, can_pack, pack_linears
+    from lumen.packing import PackedLinear, can_pack, pack_linears, unpack_linears
 
     plain = copy.deepcopy(smollm2).to(torch.bfloat16)
+    unpack_linears(plain)  # the fixture was loaded (and packed) in float32
     ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is")])
     expected = plain.generate(ids, 4, temperature=0)
     assert smollm2_tokenizer.decode(expected[0, ids.size(1):ids.size(1) + 1].tolist()) == " Paris"
     if can_pack(plain):
         assert pack_linears(plain) == 30 * 7 + 1 and isinstance(plain.lm_head, PackedLinear)
         assert torch.equal(plain.generate(ids, 4, temperature=0), expected)
+
+
+def test_saved_tokenizer_keeps_eos_and_chat_template(smollm2_tokenizer, smollm2_hf_tokenizer, tmp_path):
+    """What a run trained with the smollm2 tokenizer (or a converted model) saves and reloads:
+    the same ids, the same end-of-sequence token, the same chat template as transformers reads."""
+    from lumen.formats import chat_prompt
+    from lumen.tokenizers import Tokenizer
+
+    smollm2_tokenizer.save(tmp_path)
+    back = Tokenizer.load(tmp_path)
+    text = "Hello, wörld!  \n\tdef f(x): return 42"
+    assert back.encode(text) == smollm2_tokenizer.encode(text)
+    assert back.eos_id == smollm2_tokenizer.eos_id == smollm2_hf_tokenizer.eos_token_id
+    msg = [{"role": "user", "content": "Hi"}]
+    assert chat_prompt(back, "Hi") == smollm2_hf_tokenizer.apply_chat_template(msg, tokenize=False,
+                                                                               add_generation_prompt=True)

@@ -34,29 +34,36 @@ class RoPE(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:  # x: (B, h, T, hd)
-        T = x.size(-2)
-        cos, sin = self.cos[start : start + T].to(x.dtype), self.sin[start : start + T].to(x.dtype)
+    def forward(self, x: torch.Tensor, pos: int | torch.Tensor = 0) -> torch.Tensor:  # x: (B, h, T, hd)
+        """pos: the position of x's first token, or the positions of all T tokens as a (T,) tensor."""
+        if isinstance(pos, int):
+            cos, sin = self.cos[pos : pos + x.size(-2)], self.sin[pos : pos + x.size(-2)]
+        else:
+            cos, sin = self.cos[pos], self.sin[pos]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class LayerCache:
-    """One layer's keys and values for the tokens seen so far, in buffers allocated once."""
+    """One layer's keys and values in buffers allocated once: slot j holds position j.
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor):
-        self.k, self.v, self.n = k, v, 0  # k, v: (B, h_kv, max_len, hd)
+    Every step has the same shapes (all slots, the empty ones masked out), so a compiled decoding
+    step runs for every position without recompiling."""
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.n + k.size(2)
-        if end > self.k.size(2):
-            raise ValueError(
-                f"KV cache full: {end} tokens exceed its {self.k.size(2)} slots (make a larger cache)"
-            )
-        self.k[:, :, self.n : end] = k
-        self.v[:, :, self.n : end] = v
-        self.n = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: torch.Tensor):
+        self.k, self.v = k, v  # (B, h_kv, slots, hd)
+        self.length = length   # positions held so far: a 0-dim tensor shared by all layers
+
+    def positions(self, T: int) -> torch.Tensor:
+        """The positions of T new tokens: right after those held."""
+        return self.length + torch.arange(T, device=self.length.device)
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the keys and values of positions pos; return all slots (B, h_kv, slots, hd)."""
+        self.k.index_copy_(2, pos, k)
+        self.v.index_copy_(2, pos, v)
+        return self.k, self.v
 
 
 class KVCache:
@@ -71,15 +78,31 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
     ):
         shape = (batch, cfg.kv_heads, max_len or cfg.context, cfg.head_dim)
+        self.length = torch.zeros((), dtype=torch.long, device=device)
         self.layers = [
-            LayerCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+            LayerCache(torch.zeros(shape, device=device, dtype=dtype),
+                       torch.zeros(shape, device=device, dtype=dtype), self.length)
             for _ in range(cfg.n_layers)
         ]
 
     @property
     def n(self) -> int:
         """How many positions are cached."""
-        return self.layers[0].n
+        return int(self.length)
+
+    @property
+    def slots(self) -> int:
+        return self.layers[0].k.size(2)
+
+    def check_room(self, T: int) -> None:
+        if self.n + T > self.slots:
+            raise ValueError(
+                f"KV cache full: {self.n + T} tokens exceed its {self.slots} slots (make a larger cache)"
+            )
+
+    def advance(self, T: int) -> None:
+        """Count T more positions as held (after the model has written them)."""
+        self.length += T
 
 
 class MultiHeadAttention(nn.Module):
@@ -120,13 +143,16 @@ class MultiHeadAttention(nn.Module):
         q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)      # (B, h, T, hd)
         k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, h_kv, T, hd)
         v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, h_kv, T, hd)
-        start = cache.n if cache is not None else 0
+        pos = cache.positions(T) if cache is not None else 0
         if self.rope is not None:
-            q, k = self.rope(q, start), self.rope(k, start)
+            q, k = self.rope(q, pos), self.rope(k, pos)
         if cache is not None:
-            k, v = cache.append(k, v)                                              # (B, h_kv, S, hd)
+            k, v = cache.write(k, v, pos)                                          # (B, h_kv, slots, hd)
+            allowed = visible(pos, k.size(2), mask)
+        else:
+            allowed = None if mask is None else visible(torch.arange(T, device=x.device), T, mask)
         attend = self.attend_sdpa if self.use_sdpa else self.attend_plain
-        y = attend(q, k, v, causal_mask(T, k.size(2), start, mask, x.device))
+        y = attend(q, k, v, allowed)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
     def attend_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None):
@@ -144,27 +170,15 @@ class MultiHeadAttention(nn.Module):
 
     def attend_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None):
         """The same numbers through PyTorch's fused kernel."""
-        T, S = q.size(2), k.size(2)
-        is_causal = allowed is None and T == S and T > 1
-        if allowed is None and not is_causal and T > 1:  # pragma: no cover - guarded by causal_mask
-            raise AssertionError("a partial causal window needs an explicit mask")
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, is_causal=is_causal,
+            q, k, v, attn_mask=allowed, is_causal=allowed is None,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_heads != self.n_heads,
         )
 
 
-def causal_mask(
-    T: int, S: int, start: int, mask: torch.Tensor | None, device: torch.device
-) -> torch.Tensor | None:
-    """Which keys each query may see, as a bool tensor (True = attend), or None for plain causal.
-
-    Queries sit at positions start..start+T-1 of S keys; a query sees itself and what came before.
-    An extra ``mask`` (True = attend, broadcastable to (B, h, T, S)) further restricts it.
-    """
-    if mask is None and (T == 1 or (start == 0 and T == S)):
-        return None  # one new token sees everything; a fresh sequence uses the fused causal kernel
-    allowed = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=start)
-    if mask is not None:
-        allowed = allowed & mask.to(torch.bool)
-    return allowed
+def visible(pos: torch.Tensor, S: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Which of S key slots each query may see, as a bool tensor (True = attend): queries at
+    positions pos (T,) see the keys at their own position and before. An extra ``mask``
+    (True = attend, broadcastable to (B, h, T, S)) further restricts it."""
+    allowed = torch.arange(S, device=pos.device) <= pos[:, None]   # (T, S)
+    return allowed if mask is None else allowed & mask.to(torch.bool)

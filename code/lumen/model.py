@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -55,12 +55,12 @@ class GPT(nn.Module):
         return cls(ModelConfig.from_name(name).replace(**changes))
 
     # the forward pass --------------------------------------------------------------------------
-    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """Token (and learned position) embeddings: the residual stream before block 0."""
-        check_tokens(idx, self.cfg, start)
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Token (and learned position) embeddings: the residual stream before block 0.
+        pos: the positions of idx's T tokens (T,), by default 0..T-1."""
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(start, start + idx.size(1), device=idx.device))
+            x = x + self.pos_emb(pos if pos is not None else torch.arange(idx.size(1), device=idx.device))
         return self.drop(x)
 
     def forward(
@@ -71,11 +71,19 @@ class GPT(nn.Module):
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, vocab) for token ids idx (B, T), and the mean next-token loss if targets
-        are given (positions whose target is -1 are ignored)."""
-        x = self.embed(idx, cache.n if cache is not None else 0)
+        are given (positions whose target is -1 are ignored). With a cache, idx continues the
+        tokens it holds, and their keys and values are added to it."""
+        if not torch.compiler.is_compiling():  # (reading ids would split a compiled graph: callers check)
+            check_tokens(idx, self.cfg, cache.n if cache is not None else 0)
+            if cache is not None:
+                cache.check_room(idx.size(1))
+        T = idx.size(1)
+        x = self.embed(idx, cache.layers[0].positions(T) if cache is not None else None)
         for i, block in enumerate(self.blocks):
             x = block(x, mask, cache.layers[i] if cache is not None else None)
         logits = self.lm_head(self.ln_f(x))
+        if cache is not None:
+            cache.advance(T)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
@@ -92,11 +100,13 @@ class GPT(nn.Module):
         top_p: float | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        compile: bool = False,
     ) -> Iterator[torch.Tensor]:
         """Yield the next token ids (B,) one step at a time, conditioned on idx (B, T).
 
         With the KV cache each step feeds one token; without it, each step re-reads the whole
-        (cropped) sequence. Temperature 0 is greedy decoding."""
+        (cropped) sequence. Temperature 0 is greedy decoding. compile=True runs each step through
+        `decode_step()` (the same numbers, less per-token overhead; the first call compiles)."""
         check_tokens(idx, self.cfg, 0)
         if use_cache:
             total = idx.size(1) + max_new_tokens
@@ -105,14 +115,16 @@ class GPT(nn.Module):
                     f"prompt ({idx.size(1)} tokens) plus {max_new_tokens} new tokens exceed the model's "
                     f"context of {self.cfg.context} (shorten the prompt or lower --max-new-tokens)"
                 )
-            dtype = self.lm_head.weight.dtype
-            cache = KVCache(self.cfg, idx.size(0), total, idx.device, dtype)
+            # slots rounded up, so that decoding runs of different lengths share one compiled step
+            slots = min(self.cfg.context, -(-total // 256) * 256)
+            cache = KVCache(self.cfg, idx.size(0), slots, idx.device, self.lm_head.weight.dtype)
             logits, _ = self(idx, cache=cache)
+            step_fn = self.decode_step() if compile else self
             for step in range(max_new_tokens):
                 nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
                 yield nxt
                 if step + 1 < max_new_tokens:
-                    logits, _ = self(nxt[:, None], cache=cache)
+                    logits, _ = step_fn(nxt[:, None], cache=cache)
         else:
             seq = idx
             for _ in range(max_new_tokens):
@@ -120,6 +132,22 @@ class GPT(nn.Module):
                 nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
                 yield nxt
                 seq = torch.cat((seq, nxt[:, None]), dim=1)
+
+    def decode_step(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+        """This model's forward pass compiled by torch.compile for one new token per sequence and a
+        KV cache (static shapes: all cache slots, the position a tensor), compiled once per model.
+        Eager decoding spends several milliseconds per token launching ~500 small operations;
+        compiled, the norms, rotations and attention become a few fused kernels around the matrix
+        products. The weights stay inputs of the graph, so changing them needs no recompile."""
+        if "_decode_step" not in self.__dict__:  # a plain attribute, not a registered submodule
+            self.__dict__["_decode_step"] = torch.compile(self, dynamic=False)
+        return self.__dict__["_decode_step"]
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the compiled step out (a copy compiles its own)."""
+        state = dict(self.__dict__)
+        state.pop("_decode_step", None)
+        return state
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **kw: object) -> torch.Tensor:
         """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens)."""
@@ -166,8 +194,7 @@ def check_tokens(idx: torch.Tensor, cfg: ModelConfig, start: int) -> None:
             f"sequence of {start + idx.size(1)} tokens exceeds the model's context of {cfg.context} "
             "(crop the input or use a model with a longer context)"
         )
-    # (reading the ids' values would split a torch.compile graph: compiled training skips this one check)
-    if idx.numel() and not torch.compiler.is_compiling() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
         raise ValueError(
             f"token ids must lie in [0, {cfg.vocab_size}), got range [{int(idx.min())}, {int(idx.max())}]"
             " (was the text encoded with this model's tokenizer?)"

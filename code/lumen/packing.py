@@ -1,18 +1,24 @@
-"""Faster bfloat16 inference on CPUs: every linear layer's weight reordered once into oneDNN's
-blocked layout, instead of on every call.
+"""Faster inference on CPUs: every linear layer's weight reordered once into oneDNN's blocked
+layout, instead of on every call.
 
-A plain bf16 `F.linear` on a CPU reorders the whole weight matrix into that layout each time it runs;
-for one decoded token that reorder costs several times the matrix product itself. The packed product
-gives the same bits (the tests compare them), so packing changes speed, never numbers.
+A plain `F.linear` on a CPU either reorders the whole weight matrix into that layout each time it
+runs (bfloat16: for one decoded token that reorder costs several times the product itself) or uses
+a kernel that streams an (out, in) matrix at about half the memory bandwidth (float32). The packed
+product gives the same bits in bfloat16 and the same numbers to float32 rounding (~1e-6 relative:
+another summation order); the tests compare both against F.linear.
 
-    >>> model = load("smollm2", dtype=torch.bfloat16).model   # doctest: +SKIP  (load packs by itself)
-    >>> pack_linears(model)                                   # doctest: +SKIP
+    >>> model = load("smollm2").model   # doctest: +SKIP  (load packs by itself)
+    >>> pack_linears(model)             # doctest: +SKIP
 
 Packing keeps `weight` (state dicts, tied weights and inspection see the usual tensors) and adds the
-packed copy beside it; a weight changed in place or replaced afterwards is noticed and packed again.
+packed copy beside it (twice the weights' memory); a weight changed in place or replaced afterwards
+is noticed and packed again. Inside a torch.compile'd graph the product is one custom operator,
+`lumen::packed_linear`, so compiled decoding uses the packed weights too.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn as nn
@@ -20,29 +26,35 @@ import torch.nn.functional as F
 
 
 def can_pack(model: nn.Module) -> bool:
-    """True where packing pays: bf16 weights on a CPU whose PyTorch has oneDNN's packed linear."""
+    """True where packing pays: float32 or bf16 weights on a CPU whose PyTorch has oneDNN's packed linear."""
     p = next(model.parameters(), None)
     return (
-        p is not None and p.device.type == "cpu" and p.dtype == torch.bfloat16
+        p is not None and p.device.type == "cpu" and p.dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
 
 
 class PackedLinear(nn.Linear):
-    """nn.Linear whose bf16 weight also lives in oneDNN's layout; same parameters, same results."""
+    """nn.Linear whose weight also lives in oneDNN's layout; same parameters, same results."""
 
     def pack(self) -> None:
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         self._packed_from = _identity(self.weight)
+        _OWNERS[self.weight.data_ptr()] = weakref.ref(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         plain = (
-            x.dtype != torch.bfloat16 or x.device.type != "cpu" or self.weight.dtype != torch.bfloat16
+            x.dtype != self.weight.dtype or x.device.type != "cpu"
             or not x.is_contiguous()  # F.linear rounds a strided input's bias add differently
             or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))
         )
         if plain:
             return F.linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():  # one opaque operator in the graph, the packed product at run time
+            return packed_linear(x, self.weight, self.bias)
+        return self.packed_forward(x)
+
+    def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is None or _identity(self.weight) != self._packed_from:  # new, replaced or changed
             self.pack()
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
@@ -52,6 +64,25 @@ class PackedLinear(nn.Linear):
         state = dict(self.__dict__)
         state["_packed"] = None
         return state
+
+
+# which layer holds the packed copy of the weight at each address (a compiled graph passes tensors only)
+_OWNERS: dict[int, weakref.ref[PackedLinear]] = {}
+
+
+@torch.library.custom_op("lumen::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias through the packed copy of weight."""
+    owner = _OWNERS.get(weight.data_ptr())
+    layer = owner() if owner is not None else None
+    if layer is None or layer.weight.data_ptr() != weight.data_ptr():
+        return F.linear(x, weight, bias)
+    return layer.packed_forward(x)
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.size(0))
 
 
 def _identity(t: torch.Tensor) -> tuple[int, int, int]:
@@ -65,7 +96,7 @@ def _identity(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Turn every nn.Linear of an (inference, bf16, CPU) model into a PackedLinear; returns how many."""
+    """Turn every nn.Linear of an (inference, CPU) model into a PackedLinear; returns how many."""
     if not can_pack(model):
         return 0
     n = 0
@@ -73,5 +104,16 @@ def pack_linears(model: nn.Module) -> int:
         if type(module) is nn.Linear:
             module.__class__ = PackedLinear
             module.pack()
+            n += 1
+    return n
+
+
+def unpack_linears(model: nn.Module) -> int:
+    """Undo pack_linears: plain nn.Linear layers again, the packed copies freed; returns how many."""
+    n = 0
+    for module in model.modules():
+        if type(module) is PackedLinear:
+            module.__class__ = nn.Linear
+            del module._packed, module._packed_from
             n += 1
     return n

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 FILENAME = "tokenizer.json"
+SETTINGS = "tokenizer_config.json"  # beside a Hugging Face tokenizer.json: eos token, chat template
 
 
 class Tokenizer:
@@ -44,7 +45,7 @@ class Tokenizer:
     @staticmethod
     def load(path: str | Path) -> Tokenizer:
         """Read a tokenizer saved by `save` (a directory or the json file itself), or any Hugging
-        Face `tokenizer.json`."""
+        Face `tokenizer.json` (with the eos token and chat template of a tokenizer_config.json beside it)."""
         path = Path(path)
         if path.is_dir():
             path = path / FILENAME
@@ -54,7 +55,12 @@ class Tokenizer:
         kind = state.pop("lumen_tokenizer", "hf")
         if kind not in _KINDS:
             raise ValueError(f"{path}: unknown tokenizer kind {kind!r}; known: {', '.join(_KINDS)}")
-        return _KINDS[kind]._from_state(state if kind != "hf" else json.loads(path.read_text()))
+        if kind != "hf":
+            return _KINDS[kind]._from_state(state)
+        tok = HFTokenizer._from_state(json.loads(path.read_text()))
+        if (path.parent / SETTINGS).is_file():
+            tok.read_settings(path.parent / SETTINGS)
+        return tok
 
 
 class CharTokenizer(Tokenizer):
@@ -135,10 +141,26 @@ class HFTokenizer(Tokenizer):
         return self.tok.decode(list(ids), skip_special_tokens=False)
 
     def save(self, directory: str | Path) -> Path:
+        """tokenizer.json, and tokenizer_config.json with the end-of-sequence token and the chat
+        template: Hugging Face's own pair of files, readable by `tokenizers` and transformers."""
         path = Path(directory) / FILENAME
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.tok.save(str(path))  # Hugging Face's own format, readable by `tokenizers` and transformers
+        self.tok.save(str(path))
+        eos = self.tok.id_to_token(self.eos_id) if self.eos_id is not None else None
+        settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "add_bos_token": False,
+                    "clean_up_tokenization_spaces": False}
+        if self.chat_template:
+            settings["chat_template"] = self.chat_template
+        (path.parent / SETTINGS).write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
         return path
+
+    def read_settings(self, path: Path) -> None:
+        """The end-of-sequence token and chat template of a tokenizer_config.json."""
+        settings = json.loads(path.read_text())
+        eos = settings.get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        self.eos_id = self.tok.token_to_id(eos) if eos else None
+        self.chat_template = settings.get("chat_template")
 
     @classmethod
     def _from_state(cls, state: dict) -> HFTokenizer:

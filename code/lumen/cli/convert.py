@@ -25,7 +25,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..formats import save_hf_tokenizer
     from ..formats.hf import save_hf_dir
 
     out = args.outdir
@@ -38,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         save_hf_dir(loaded.model, staging / "model")
         if loaded.tokenizer is not None:
-            save_hf_tokenizer(loaded.tokenizer, staging / "model")
+            loaded.tokenizer.save(staging / "model")  # with an HF tokenizer: tokenizer_config.json too
         if out.exists():
             out.rmdir()
         os.replace(staging / "model", out)

@@ -22,6 +22,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' precision (default float32)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the one-token decoding step with torch.compile: faster per token on long "
+                        "outputs, after about a minute of compiling (needs a C++ compiler)")
     return p
 
 
@@ -43,9 +46,11 @@ def run(args: argparse.Namespace) -> int:
     if not ids:
         raise UserError("the prompt is empty after tokenization (give some text with --prompt)")
     generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
+    if args.compile:
+        print("lumen generate: compiling the decoding step (about a minute on two cores)...", file=sys.stderr)
     steps = loaded.model.stream(
         torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, generator=generator,
+        top_p=args.top_p, generator=generator, compile=args.compile,
     )
     stream_text(steps, tok, sys.stdout)
     return 0

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..model import GPT
-from ..tokenizers import HFTokenizer, Tokenizer
+from ..tokenizers import Tokenizer
 
 # named models -> the lumen.fetch artifact holding their GGUF file
 MODELS = {"smollm2": "smollm2"}
@@ -42,8 +42,9 @@ class Loaded:
 def load(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Loaded:
     """The model and tokenizer a spec names; see the module docstring for the accepted forms.
 
-    bfloat16 models on a CPU get their linear weights packed for oneDNN (lumen.packing): the same
-    numbers, several times faster per decoded token."""
+    Models on a CPU get their linear weights packed for oneDNN (lumen.packing): the same numbers
+    (bf16: the same bits), 1.3x (float32) to several times (bf16) faster per decoded token, for a
+    second copy of the weights in memory."""
     from ..packing import pack_linears
 
     model, tok = _load(spec, device, dtype)
@@ -88,33 +89,9 @@ def _is_hf_dir(path: Path) -> bool:
         raise ValueError(f"{config} is not valid JSON (the directory is damaged; convert or save it again)") from None
 
 
-def hf_dir_tokenizer(path: Path) -> HFTokenizer | None:
-    """tokenizer.json of a Hugging Face directory, with the eos token and chat template of its
-    tokenizer_config.json; None if the directory has no tokenizer."""
-    if not (path / "tokenizer.json").is_file():
-        return None
-    tok = Tokenizer.load(path / "tokenizer.json")
-    settings = path / "tokenizer_config.json"
-    if isinstance(tok, HFTokenizer) and settings.is_file():
-        cfg = json.loads(settings.read_text())
-        eos = cfg.get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        tok.eos_id = tok.tok.token_to_id(eos) if eos else None
-        tok.chat_template = cfg.get("chat_template")
-    return tok
-
-
-def save_hf_tokenizer(tok: Tokenizer, directory: str | Path) -> None:
-    """tokenizer.json, plus tokenizer_config.json (eos token, chat template) for transformers."""
-    directory = Path(directory)
-    tok.save(directory)
-    if isinstance(tok, HFTokenizer):
-        eos = tok.tok.id_to_token(tok.eos_id) if tok.eos_id is not None else None
-        settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "add_bos_token": False,
-                    "clean_up_tokenization_spaces": False}
-        if tok.chat_template:
-            settings["chat_template"] = tok.chat_template
-        (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+def hf_dir_tokenizer(path: Path) -> Tokenizer | None:
+    """The tokenizer of a Hugging Face directory; None if it has none."""
+    return Tokenizer.load(path / "tokenizer.json") if (path / "tokenizer.json").is_file() else None
 
 
 def chat_prompt(tok: Tokenizer, user_text: str) -> str:
