@@ -49,6 +49,8 @@ def test_compiled_decoding_step_gives_the_eager_numbers():
     idx = torch.randint(0, 50, (2, 5))
     eager = model.generate(idx, 10, temperature=0)
     assert torch.equal(model.generate(idx, 10, temperature=0, compile=True), eager)
+    with torch.inference_mode():  # a whole sequence (a prefill) through the same compiled model
+        torch.testing.assert_close(model.compiled()(idx)[0], model(idx)[0], rtol=1e-5, atol=1e-5)
     g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
     # a different length and sampling reuse the same compiled step (slots are rounded up to 256)
     sampled = model.generate(idx[:, :3], 7, temperature=1.0, top_k=5, generator=g(), compile=True)

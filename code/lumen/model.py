@@ -106,7 +106,7 @@ class GPT(nn.Module):
 
         With the KV cache each step feeds one token; without it, each step re-reads the whole
         (cropped) sequence. Temperature 0 is greedy decoding. compile=True runs each step through
-        `decode_step()` (the same numbers, less per-token overhead; the first call compiles)."""
+        `compiled()` (the same numbers to rounding, less per-token overhead; the first call compiles)."""
         check_tokens(idx, self.cfg, 0)
         if use_cache:
             total = idx.size(1) + max_new_tokens
@@ -119,7 +119,7 @@ class GPT(nn.Module):
             slots = min(self.cfg.context, -(-total // 256) * 256)
             cache = KVCache(self.cfg, idx.size(0), slots, idx.device, self.lm_head.weight.dtype)
             logits, _ = self(idx, cache=cache)
-            step_fn = self.decode_step() if compile else self
+            step_fn = self.compiled() if compile else self
             for step in range(max_new_tokens):
                 nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
                 yield nxt
@@ -133,20 +133,21 @@ class GPT(nn.Module):
                 yield nxt
                 seq = torch.cat((seq, nxt[:, None]), dim=1)
 
-    def decode_step(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
-        """This model's forward pass compiled by torch.compile for one new token per sequence and a
-        KV cache (static shapes: all cache slots, the position a tensor), compiled once per model.
-        Eager decoding spends several milliseconds per token launching ~500 small operations;
-        compiled, the norms, rotations and attention become a few fused kernels around the matrix
-        products. The weights stay inputs of the graph, so changing them needs no recompile."""
-        if "_decode_step" not in self.__dict__:  # a plain attribute, not a registered submodule
-            self.__dict__["_decode_step"] = torch.compile(self, dynamic=False)
-        return self.__dict__["_decode_step"]
+    def compiled(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+        """This model's forward pass compiled by torch.compile, once per model; called like the model.
+        Shapes are static (one graph per input shape, so a KV cache keeps every slot and takes the
+        position as a tensor): decoding one token at a time compiles once. Eager decoding spends
+        several milliseconds per token launching ~500 small operations; compiled, the norms,
+        rotations and attention become a few fused kernels around the matrix products. The
+        weights stay inputs of the graph, so changing them needs no recompile."""
+        if "_compiled" not in self.__dict__:  # a plain attribute, not a registered submodule
+            self.__dict__["_compiled"] = torch.compile(self, dynamic=False)
+        return self.__dict__["_compiled"]
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the compiled step out (a copy compiles its own)."""
         state = dict(self.__dict__)
-        state.pop("_decode_step", None)
+        state.pop("_compiled", None)
         return state
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **kw: object) -> torch.Tensor:
