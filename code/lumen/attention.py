@@ -108,7 +108,7 @@ class KVCache:
 class MultiHeadAttention(nn.Module):
     """softmax(Q K^T / sqrt(d_head)) V per head, causal, with separate q, k, v and out projections."""
 
-    use_sdpa: bool = True  # False: the plain softmax path below, which also exposes the pattern
+    use_sdpa: bool = True  # False: the plain softmax path below (one query always takes it), which exposes the pattern
 
     def __init__(
         self,
@@ -151,7 +151,9 @@ class MultiHeadAttention(nn.Module):
             allowed = visible(pos, k.size(2), mask)
         else:
             allowed = None if mask is None else visible(torch.arange(T, device=x.device), T, mask)
-        attend = self.attend_sdpa if self.use_sdpa else self.attend_plain
+        # one query (a decoding step) is a pair of small products: plain is faster than the fused
+        # kernel there, and compiles into a few fused loops
+        attend = self.attend_sdpa if self.use_sdpa and T > 1 else self.attend_plain
         y = attend(q, k, v, allowed)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
@@ -164,7 +166,7 @@ class MultiHeadAttention(nn.Module):
         if allowed is None:  # plain causal: query t sees keys up to its own position
             allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        a = self.pattern(F.softmax(scores, dim=-1))       # each row: convex weights over the past
+        a = self.pattern(F.softmax(scores.float(), dim=-1).to(v.dtype))  # each row: convex weights over the past
         a = F.dropout(a, self.dropout, self.training)
         return a @ v                                       # (B, h, T, hd)
 
