@@ -91,6 +91,19 @@ def test_single_file_splits_at_a_line_and_bpe_separates_documents(tmp_path):
     assert d.tokens("train")[-1] == d.tokenizer.eos_id  # an end-of-text after every document
 
 
+def test_window_characters_turn_a_token_loss_into_a_character_loss(tmp_path):
+    corpus = str(write(tmp_path / "c", {"a.txt": "the cat sat on the mat\n" * 100, "b.txt": "the dog ran\n" * 99}))
+    d = D.prepare(corpus, "bpe", vocab_size=300, cache=tmp_path / "cache")
+    toks = d.tokens("train")
+    assert d.chars_per_token("train") > 1.5  # merges: each token spells several characters
+    # one window whose targets are every train token but the first: all the training text but that token's
+    # characters; the end-of-text token spells none
+    first = len(d.tokenizer.decode(toks[:1].tolist()))
+    assert d.chars("train", torch.tensor([0]), len(toks) - 1) == d.meta["train"]["chars"] - first
+    c = D.prepare(corpus, "char", cache=tmp_path / "cache")  # a character is a token
+    assert c.chars("val", torch.tensor([0, 7, 30]), 16) == 3 * 16
+
+
 def test_large_vocabulary_uses_uint32(tmp_path):
     text = "".join(chr(0x10000 + i) for i in range(66000))  # more distinct characters than uint16 can number
     write(tmp_path, {"wide.txt": text + "\n" + text[:1000]})

@@ -150,6 +150,13 @@ class TokenData:
         """Characters per token, to turn a loss per token into a loss per character."""
         return self.meta[split]["chars"] / max(1, self.meta[split]["tokens"])
 
+    def chars(self, split: str, starts: torch.Tensor, context: int) -> int:
+        """Characters that the targets of the windows at these starts spell (an end-of-text token spells
+        none): their summed loss over this is the loss in nats per character of exactly that text."""
+        ids = self.splits[split][starts.numpy()[:, None] + np.arange(1, context + 1)]
+        eos = self.tokenizer.eos_id
+        return sum(len(self.tokenizer.decode([int(i) for i in row if i != eos])) for row in ids)
+
     def check_context(self, context: int) -> None:
         for s, arr in self.splits.items():
             if len(arr) < context + 1:

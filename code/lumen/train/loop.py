@@ -55,7 +55,7 @@ class TrainResult:
     model: GPT | None = field(default=None, repr=False)  # the trained model (eval mode)
     tokenizer: Tokenizer | None = field(default=None, repr=False)
     run_dir: Path | None = None
-    chars_per_token: float = 1.0  # of the validation split: val loss / this = nats per character
+    chars_per_token: float = 1.0  # of the validation windows' targets: val loss / this = nats per character
     stopped: str = "done"  # "done" or "max_time"
 
     @property
@@ -126,6 +126,8 @@ class Trainer:
         self.model_cfg = model_cfg
         self.T = model_cfg.context
         self.data.check_context(self.T)
+        val_starts = self.data.even_starts("val", self.T, cfg.eval_windows)  # what evaluate() reads
+        self.val_chars_per_token = self.data.chars("val", val_starts, self.T) / (len(val_starts) * self.T)
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         if model is not None and model.cfg != model_cfg:
@@ -202,7 +204,7 @@ class Trainer:
             final_val_loss=val, best_val_loss=self.best if math.isfinite(self.best) else val,
             final_train_loss=last_loss, steps=self.step, tokens=self.tokens, tokens_per_s=tps,
             mfu=tps * flops_per_token / peak, wall_time=wall, history=self.history, model=self.raw.eval(),
-            tokenizer=self.tokenizer, run_dir=self.run_dir, chars_per_token=self.data.chars_per_token("val"),
+            tokenizer=self.tokenizer, run_dir=self.run_dir, chars_per_token=self.val_chars_per_token,
             stopped=stopped,
         )
         if self.writes:
@@ -284,7 +286,9 @@ class Trainer:
         improved = val < self.best
         self.best = min(self.best, val)
         if cfg.progress and self.dist.main:
-            bar.write(f"step {self.step}: val loss {val:.4f}, train loss {train_loss:.4f}")
+            cpt = self.val_chars_per_token
+            per_char = f" ({val / cpt:.4f} per character)" if cpt != 1.0 else ""
+            bar.write(f"step {self.step}: val loss {val:.4f}{per_char}, train loss {train_loss:.4f}")
             if "sample" in rec:
                 bar.write(rec["sample"].strip("\n") + "\n" + "-" * 40)
         self._record(rec)

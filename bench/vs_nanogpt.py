@@ -1,0 +1,137 @@
+"""lumen against nanoGPT on the same split, the same minutes and one evaluator. nanoGPT is not part of
+lumen: clone it anywhere (github.com/karpathy/nanoGPT) and point this script at it.
+
+    # 1. lumen's character split as a nanoGPT dataset (train.bin, val.bin, meta.pkl)
+    .venv/bin/python bench/vs_nanogpt.py export NANOGPT/data/lumen_char
+    # 2. train nanoGPT for five minutes' worth of steps (its speed here: `speed`, below), e.g.
+    #    cd NANOGPT && python train.py config/train_shakespeare_char.py --dataset=lumen_char --device=cpu \\
+    #      --compile=False --n_layer=4 --n_head=4 --n_embd=256 --block_size=128 --batch_size=24 --dropout=0.0 \\
+    #      --max_iters=STEPS --lr_decay_iters=STEPS --eval_interval=STEPS --out_dir=out-lumen
+    .venv/bin/python bench/vs_nanogpt.py speed NANOGPT        # its training tokens/s, interleaved with lumen's
+    # 3. both models through one evaluator: every token of the held-out works, nats per character
+    .venv/bin/python bench/vs_nanogpt.py eval NANOGPT NANOGPT/out-lumen runs/shakespeare
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lumen.data import TokenData, prepare
+
+
+def export(out: Path) -> None:
+    """lumen's character-level Shakespeare split in nanoGPT's dataset format."""
+    data = prepare("shakespeare", "char")
+    out.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        data.tokens(split).astype(np.uint16).tofile(out / f"{split}.bin")
+    chars = data.tokenizer.chars
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
+    (out / "meta.pkl").write_bytes(pickle.dumps(meta))  # nanoGPT reads its vocabulary size from this
+    print(f"wrote {out}: {len(data.tokens('train')):,} train and {len(data.tokens('val')):,} validation characters")
+
+
+@torch.no_grad()
+def nats_per_char(forward, data: TokenData, context: int) -> float:
+    """Every token of the validation split scored once, in non-overlapping windows of `context`; total
+    nats over the characters those targets spell (the end-of-text token spells none)."""
+    ids = torch.from_numpy(data.tokens("val").astype(np.int64))
+    total = 0.0
+    for start in range(0, len(ids) - 1, context):
+        window = ids[start : start + context + 1][None]
+        logits = forward(window[:, :-1])
+        total += torch.nn.functional.cross_entropy(logits[0].float(), window[0, 1:], reduction="sum").item()
+    eos = data.tokenizer.eos_id
+    return total / len(data.tokenizer.decode([int(i) for i in ids[1:] if i != eos]))
+
+
+def nanogpt(repo: Path):
+    sys.path.insert(0, str(repo))
+    from model import GPT, GPTConfig  # nanoGPT's model.py
+
+    return GPT, GPTConfig
+
+
+def evaluate(repo: Path, ckpt_dir: Path, run_dir: Path) -> None:
+    from lumen.formats.checkpoint import load_run
+    from lumen.train.config import load_config
+
+    GPT, GPTConfig = nanogpt(repo)
+    ck = torch.load(ckpt_dir / "ckpt.pt", map_location="cpu", weights_only=True)
+    theirs = GPT(GPTConfig(**ck["model_args"]))
+    theirs.load_state_dict(ck["model"])
+    theirs.eval()
+    logits_of = lambda x: theirs(x, x)[0]  # noqa: E731  (given targets, nanoGPT returns every position's logits)
+    print(f"nanoGPT {ckpt_dir} (iter {ck['iter_num']}): "
+          f"{nats_per_char(logits_of, prepare('shakespeare', 'char'), ck['model_args']['block_size']):.4f} nats/char")
+    ours, _ = load_run(run_dir)
+    cfg, _ = load_config(str(run_dir / "config.toml"))
+    data = prepare(cfg.corpus, cfg.tokenizer, cfg.vocab_size, cfg.validation or None, cfg.val_fraction)
+    print(f"lumen {run_dir}: {nats_per_char(lambda x: ours(x)[0], data, ours.cfg.context):.4f} nats/char")
+
+
+def speed(repo: Path, rounds: int = 4, steps: int = 3) -> None:
+    """Training tokens/s of nanoGPT's 4x256 character model (fp32, its own optimizer) and lumen's at the same
+    shape (fp32 and bf16), interleaved so that a busy machine slows all alike; best of `rounds`."""
+    from lumen import GPT as Lumen
+    from lumen import ModelConfig
+    from lumen.train.optim import make_optimizer
+
+    GPT, GPTConfig = nanogpt(repo)
+    L, D, H, T, B, V = 4, 256, 4, 128, 24, 84
+    torch.manual_seed(0)
+    theirs = GPT(GPTConfig(block_size=T, vocab_size=V, n_layer=L, n_head=H, n_embd=D, dropout=0.0, bias=True))
+    ours = Lumen(ModelConfig(vocab_size=V, context=T, d_model=D, n_layers=L, n_heads=H))
+    runs = {"nanoGPT fp32": (theirs, theirs.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu"), False),
+            "lumen fp32": (ours, make_optimizer(ours, 1e-3, 0.1, (0.9, 0.99), torch.device("cpu")), False)}
+    runs["lumen bf16"] = (ours, runs["lumen fp32"][1], True)
+    x, y = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
+
+    def step(model, opt, bf16: bool) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(x, y)[1]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    best = dict.fromkeys(runs, 0.0)
+    for run in runs.values():
+        step(*run)
+    for _ in range(rounds):
+        for name, run in runs.items():
+            t = time.perf_counter()
+            for _ in range(steps):
+                step(*run)
+            best[name] = max(best[name], steps * B * T / (time.perf_counter() - t))
+    for name, tps in best.items():
+        print(f"{name:<14}{tps:>8,.0f} tokens/s   five minutes = {300 * tps / (B * T):,.0f} steps of {B * T:,} tokens")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("export").add_argument("out", type=Path)
+    sp = sub.add_parser("speed")
+    sp.add_argument("nanogpt", type=Path)
+    ev = sub.add_parser("eval")
+    for name in ("nanogpt", "ckpt_dir", "run_dir"):
+        ev.add_argument(name, type=Path)
+    args = p.parse_args()
+    if args.cmd == "export":
+        export(args.out)
+    elif args.cmd == "speed":
+        speed(args.nanogpt)
+    else:
+        evaluate(args.nanogpt, args.ckpt_dir, args.run_dir)
+
+
+if __name__ == "__main__":
+    main()
