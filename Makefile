@@ -20,6 +20,10 @@ setup: $(BIN)/lumen
 	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
 	  && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium not installed: the HTML page test will be skipped (apt-get install -y chromium)"
+	@# torch.compile's CPU backend writes C++ (compiled decoding and its tests; skipped without a compiler)
+	@command -v g++ >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+	  && apt-get update -qq && apt-get install -y -qq g++ >/dev/null; } \
+	  || echo "g++ not installed: the compiled-decoding tests will be skipped (apt-get install -y g++)"
 
 # the main job on its built-in default
 # (--resume: a second `make` continues or re-reports the run in runs/shakespeare instead of refusing it)

@@ -6,10 +6,19 @@ in Hugging Face transformers, both loaded once per test session from the same ca
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+
+
+@pytest.fixture
+def cpp_compiler() -> None:
+    """torch.compile on CPU generates and builds C++: tests that compile need a compiler (`make setup`
+    installs g++)."""
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler for torch.compile (apt-get install -y g++)")
 
 
 @pytest.fixture(scope="session")

@@ -86,7 +86,7 @@ def test_weights_changed_in_place_copies_and_training():
     assert model.blocks[0].attn.q.weight.grad is not None
 
 
-def test_float32_packing_agrees_with_f_linear_to_rounding():
+def test_float32_packing_agrees_with_f_linear_to_rounding(cpp_compiler):
     torch.manual_seed(2)
     plain = GPT.from_preset("baby-llama", d_model=96, n_heads=6, n_kv_heads=2, d_ff=160).eval()
     packed = copy.deepcopy(plain)
