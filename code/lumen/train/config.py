@@ -136,12 +136,11 @@ def _model_hints() -> dict[str, object]:
 
 # The built-in runs. "shakespeare" is the README's first command. A byte-level BPE of 4,096 tokens learned from the
 # training works (~7 s, then cached) spells ~2.9 characters of the held-out works per token, so in the same time a
-# model sees ~2.5x the text a character model does. Measured at one thread (same seed): 1500 steps, 3.07M tokens
-# (~9.5M characters, ~2.1 epochs), val 1.505 nats/character on the five held-out works (train loss 1.36/char);
-# the old character preset (4 x 192, 1500 steps) reached 1.707. Estimated ~4m50s-5m15s on two quiet cores
-# (one-thread 6.1k tokens/s x the 1.85 two-thread ratio the character preset measured), evaluations included.
-# At equal time, 4 x 192 reached 1.595 and 6 x 192 did worse; BPE 1024/2048/8192 did worse than 4096 on short
-# runs, lr 6e-3 much worse, 1.5e-3 about the same as 3e-3.
+# model sees ~2.5x the text a character model does. Measured on a quiet 2-core CPU: 1300 steps, 2.66M tokens
+# (~8.2M characters), 9.2k tokens/s, 5m01s wall with evaluations; validation 1.527 nats/character on the five
+# held-out works (1500 steps: 1.505 in 5m45s). The old character preset (4 x 192) reached 1.707, nanoGPT's
+# 4 x 256 character model 1.88 in the same five minutes (README). At equal time 4 x 192 reached 1.595 and 6 x 192
+# did worse; BPE 1024/2048/8192 did worse than 4096 on short runs, lr 6e-3 much worse, 1.5e-3 about as 3e-3.
 PRESETS: dict[str, dict] = {
     "shakespeare": {
         "corpus": "shakespeare", "tokenizer": "bpe", "vocab_size": 4096, "out_dir": "runs/shakespeare",
