@@ -49,7 +49,7 @@ def test_logits_match_transformers(smollm2, smollm2_hf, smollm2_tokenizer):
     with torch.no_grad():
         ours, _ = smollm2(ids)
         theirs = smollm2_hf(ids).logits
-    assert (ours - theirs).abs().max().item() < 1e-3  # measured: ~3e-5
+    assert (ours - theirs).abs().max().item() < 1e-3  # measured: ~8e-5 (packed float32 weights), 4e-5 plain
 
 
 def test_the_capital_of_france(smollm2, smollm2_tokenizer):
