@@ -26,25 +26,13 @@ import time
 
 import torch
 
+from rss import reset_peak, status_kib  # bench/rss.py (the script's own folder is on sys.path)
+
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 FILLER = (
     "The residual stream is a working memory: attention heads copy facts between positions, MLPs read "
     "patterns and write conclusions, and the last layers turn them into a prediction of the next token. "
 )
-
-
-def peak_rss_reset() -> None:
-    """Reset the kernel's high-water mark of this process's resident memory (Linux)."""
-    with open(f"/proc/{os.getpid()}/clear_refs", "w") as f:
-        f.write("5")
-
-
-def rss_kib(field: str) -> int:
-    with open(f"/proc/{os.getpid()}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def timed(fn, repeats: int) -> tuple[float, float, float]:
@@ -53,13 +41,13 @@ def timed(fn, repeats: int) -> tuple[float, float, float]:
     fn()
     walls, cpus, peak = [], [], 0.0
     for _ in range(repeats):
-        base = rss_kib("VmRSS")
-        peak_rss_reset()
+        base = status_kib("VmRSS")
+        reset_peak()
         t, c = time.perf_counter(), time.process_time()
         fn()
         walls.append(time.perf_counter() - t)
         cpus.append(time.process_time() - c)
-        peak = max(peak, (rss_kib("VmHWM") - base) / 1024)
+        peak = max(peak, (status_kib("VmHWM") - base) / 1024)
     return statistics.median(walls), statistics.median(cpus), peak
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
+
+import rss  # bench/rss.py (the script's own folder is on sys.path)
 
 
 def build(impl: str, args: argparse.Namespace):
@@ -89,20 +90,12 @@ def measure(impl: str, dtype: str, compiled: bool, args: argparse.Namespace) -> 
             "mfu": best * flops / mm_peak, "peak_mib": peak / 2**20, "matmul_peak_tflops": mm_peak / 1e12}
 
 
-def _status_kib(field: str) -> int:
-    with open(f"/proc/{os.getpid()}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def current_memory(device) -> int:
     import torch
 
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device)
-    return _status_kib("VmRSS") * 1024
+    return rss.status_kib("VmRSS") * 1024
 
 
 def reset_peak(device) -> None:
@@ -111,8 +104,7 @@ def reset_peak(device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     else:
-        with open(f"/proc/{os.getpid()}/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM, the resident-memory high-water mark
+        rss.reset_peak()  # VmHWM, the resident-memory high-water mark
 
 
 def peak_memory(device) -> int:
@@ -120,7 +112,7 @@ def peak_memory(device) -> int:
 
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    return _status_kib("VmHWM") * 1024
+    return rss.status_kib("VmHWM") * 1024
 
 
 def main() -> None:

@@ -73,8 +73,7 @@ def evaluate(repo: Path, ckpt_dir: Path, run_dir: Path) -> None:
           f"{nats_per_char(logits_of, prepare('shakespeare', 'char'), ck['model_args']['block_size']):.4f} nats/char")
     ours, _ = load_run(run_dir)
     cfg, _ = load_config(str(run_dir / "config.toml"))
-    data = prepare(cfg.corpus, cfg.tokenizer, cfg.vocab_size, cfg.validation or None, cfg.val_fraction)
-    print(f"lumen {run_dir}: {nats_per_char(lambda x: ours(x)[0], data, ours.cfg.context):.4f} nats/char")
+    print(f"lumen {run_dir}: {nats_per_char(lambda x: ours(x)[0], cfg.prepare_data(), ours.cfg.context):.4f} nats/char")
 
 
 def speed(repo: Path, rounds: int = 4, steps: int = 3) -> None:

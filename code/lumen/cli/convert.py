@@ -10,14 +10,14 @@ import tempfile
 from pathlib import Path
 
 from . import UserError
-from .models import DTYPES, load_model
+from .models import DTYPES, add_model_argument, load_model
 
 FORMATS = ("hf",)
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="convert a model to another format (a Hugging Face directory)")
-    p.add_argument("model", help="smollm2, a .gguf file, a Hugging Face directory or a lumen run directory")
+    add_model_argument(p)
     p.add_argument("outdir", type=Path, help="the directory to create (must not exist or be empty)")
     p.add_argument("--to", choices=FORMATS, required=True, help="the output format")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="precision of the written weights")

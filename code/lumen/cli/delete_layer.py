@@ -8,17 +8,14 @@ import json
 from pathlib import Path
 
 from . import UserError
-from .models import load_with_tokenizer
+from .models import add_model_argument, add_text_arguments, load_with_tokenizer, read_windows
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="loss on held-out text with each block deleted in turn")
-    p.add_argument("model", help="smollm2, a .gguf file, a Hugging Face directory or a lumen run directory")
-    p.add_argument("--corpus", default="shakespeare", help="text files/directories, or shakespeare (default)")
-    p.add_argument("--windows", type=int, default=8, help="held-out windows (default 8)")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128)")
+    add_model_argument(p)
+    add_text_arguments(p, seq_len=128, windows=8)
     p.add_argument("--layers", help="comma-separated block indices to delete (default: every block)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="DIR", help="write deletion.png and deletion.json here")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     return p
@@ -26,7 +23,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 def run(args: argparse.Namespace) -> int:
     from ..inspect.ablate import deletion_table
-    from ..inspect.corpus import token_windows
 
     if args.windows < 1 or args.seq_len < 2:
         raise UserError("--windows must be at least 1 and --seq-len at least 2")
@@ -35,9 +31,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise UserError(f"--layers must be comma-separated integers, got {args.layers!r}") from None
     model, tok = load_with_tokenizer(args.model)
-    if args.seq_len > model.cfg.context:
-        raise UserError(f"--seq-len {args.seq_len} exceeds the model's context of {model.cfg.context}")
-    windows = token_windows(tok, args.corpus, "val", args.windows, args.seq_len, args.seed)
+    windows = read_windows(model, tok, args, "val", args.windows, args.seed)
     table = deletion_table(model, windows, layers)
     table["model"] = model.cfg.name
     if args.out:

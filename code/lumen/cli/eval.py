@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 from . import UserError
-from .models import DTYPES, load_model
+from .models import DTYPES, add_model_argument, load_model
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="loss (nats/token) and perplexity of a model on a text file")
-    p.add_argument("model", help="smollm2, a .gguf file, a Hugging Face directory or a lumen run directory")
+    add_model_argument(p)
     p.add_argument("--text", required=True, type=Path, help="a UTF-8 text file")
     p.add_argument("--context", type=int, default=None,
                    help="window length in tokens (default: the model's context, at most 2048)")

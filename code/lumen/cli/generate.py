@@ -8,12 +8,12 @@ import sys
 import torch
 
 from . import UserError
-from .models import DTYPES, load_model
+from .models import DTYPES, add_model_argument, load_model
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="continue a prompt with a model (streams the continuation)")
-    p.add_argument("model", help="smollm2, a .gguf file, a Hugging Face directory or a lumen run directory")
+    add_model_argument(p)
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=64, help="how many tokens to add (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default); 1 samples as trained")

@@ -8,33 +8,27 @@ import json
 from pathlib import Path
 
 from . import UserError
-from .models import load_with_tokenizer
+from .models import add_model_argument, add_text_arguments, load_with_tokenizer, read_windows
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="attention-head scores: previous-token, first-token, induction")
-    p.add_argument("model", help="smollm2, a .gguf file, a Hugging Face directory or a lumen run directory")
-    p.add_argument("--corpus", default="shakespeare", help="text for the positional scores (default shakespeare)")
-    p.add_argument("--windows", type=int, default=4, help="text windows (default 4)")
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per text window (default 64)")
+    add_model_argument(p)
+    add_text_arguments(p, seq_len=64, windows=4)
     p.add_argument("--half", type=int, default=32, help="length of the random sequence that is repeated (default 32)")
     p.add_argument("--threshold", type=float, default=0.4, help="a head 'is' of a kind above this score")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="DIR", help="write heads.png and heads.json here")
     p.add_argument("--json", action="store_true", help="print JSON")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect.corpus import token_windows
     from ..inspect.heads import head_scores, summarize
 
     if args.windows < 1 or args.seq_len < 3 or args.half < 2:
         raise UserError("--windows must be at least 1, --seq-len at least 3 and --half at least 2")
     model, tok = load_with_tokenizer(args.model)
-    if args.seq_len > model.cfg.context:
-        raise UserError(f"--seq-len {args.seq_len} exceeds the model's context of {model.cfg.context}")
-    text = token_windows(tok, args.corpus, "val", args.windows, args.seq_len, args.seed)
+    text = read_windows(model, tok, args, "val", args.windows, args.seed)
     scores = head_scores(model, text, half=args.half, seed=args.seed)
     summary = summarize(scores, args.threshold)
     data = {"model": model.cfg.name, "scores": {k: v.tolist() for k, v in scores.items()}, "summary": summary}

@@ -11,14 +11,14 @@ import json
 from pathlib import Path
 
 from . import UserError
-from .models import load_with_tokenizer
+from .models import add_model_argument, load_with_tokenizer
 
 TABLE_POSITIONS = 6
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="logit lens (or a tuned lens) on one prompt: what each layer predicts")
-    p.add_argument("model", help="smollm2, a .gguf file, a Hugging Face directory or a lumen run directory")
+    add_model_argument(p)
     p.add_argument("--prompt", required=True, help="the text to read")
     p.add_argument("--tuned", metavar="PATH", help="a tuned lens trained for this model (lumen tuned-lens train)")
     p.add_argument("--top-k", type=int, default=5, help="tokens kept per cell (default 5)")

@@ -8,27 +8,23 @@ import argparse
 import json
 
 from . import UserError
-from .models import load_with_tokenizer
+from .models import add_model_argument, add_text_arguments, load_with_tokenizer, read_windows
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="MLP neurons: top activating contexts and the tokens their values promote")
-    p.add_argument("model", help="smollm2, a .gguf file, a Hugging Face directory or a lumen run directory")
+    add_model_argument(p)
     p.add_argument("--layer", type=int, required=True, help="the block whose MLP to read")
     p.add_argument("--unit", type=int, help="one hidden unit (default: scan the layer)")
-    p.add_argument("--corpus", default="shakespeare", help="text files/directories, or shakespeare (default)")
-    p.add_argument("--windows", type=int, default=64, help="corpus windows to scan (default 64)")
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per window (default 64)")
+    add_text_arguments(p, seq_len=64, windows=64)
     p.add_argument("--top-k", type=int, default=8, help="contexts per unit (default 8)")
     p.add_argument("--show", type=int, default=6, help="units to list when scanning (default 6)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print JSON")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from ..inspect.cache import check_layer
-    from ..inspect.corpus import token_windows
     from ..inspect.neurons import check_unit, neuron_report, scan_layer, top_activations
 
     if args.windows < 1 or args.seq_len < 2 or args.top_k < 1 or args.show < 1:
@@ -37,9 +33,7 @@ def run(args: argparse.Namespace) -> int:
     check_layer(model, args.layer)
     if args.unit is not None:
         check_unit(model, args.layer, args.unit)
-    if args.seq_len > model.cfg.context:
-        raise UserError(f"--seq-len {args.seq_len} exceeds the model's context of {model.cfg.context}")
-    windows = token_windows(tok, args.corpus, "train", args.windows, args.seq_len, args.seed)
+    windows = read_windows(model, tok, args, "train", args.windows, args.seed)
     if args.unit is None:
         reports = scan_layer(model, tok, windows, args.layer, args.top_k, args.show)
     else:

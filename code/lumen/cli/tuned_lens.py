@@ -13,33 +13,30 @@ import time
 from pathlib import Path
 
 from . import UserError
-from .models import load_with_tokenizer
+from .models import add_model_argument, add_text_arguments, load_with_tokenizer, read_windows
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="train a tuned lens for a model, or evaluate one against the logit lens")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     train = actions.add_parser("train", help="train a tuned lens on a corpus and report both lenses per layer")
-    train.add_argument("model", help="smollm2, a .gguf file, a Hugging Face directory or a lumen run directory")
+    add_model_argument(train)
     train.add_argument("--steps", type=int, default=24, help="optimizer steps (default 24)")
     train.add_argument("--batch", type=int, default=1, help="windows per step (default 1)")
     train.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate, decayed linearly to 0")
     train.add_argument("--out", metavar="FILE", help="where to save the lens (default NAME.tuned-lens.safetensors)")
     evaluate = actions.add_parser("eval", help="compare a saved tuned lens with the logit lens on held-out text")
-    evaluate.add_argument("model", help="the model the lens was trained for")
+    add_model_argument(evaluate, "the model the lens was trained for")
     evaluate.add_argument("lens", help="a .safetensors file written by `lumen tuned-lens train`")
     for a in (train, evaluate):
-        a.add_argument("--corpus", default="shakespeare", help="text files/directories, or shakespeare (default)")
-        a.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128)")
+        add_text_arguments(a, seq_len=128)
         a.add_argument("--eval-windows", type=int, default=8, help="held-out windows for the report (default 8)")
-        a.add_argument("--seed", type=int, default=0)
         a.add_argument("--report", metavar="DIR", help="write tuned_lens.json and kl.png / perplexity.png here")
         a.add_argument("--json", action="store_true", help="print the per-layer comparison as JSON")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect.corpus import token_windows
     from ..inspect.lens import LogitLens, evaluate_lens
     from ..inspect.tuned_lens import TunedLens, train_tuned_lens
     from ..report.figures import layer_name
@@ -48,12 +45,10 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     model, tok = load_with_tokenizer(args.model)
-    if args.seq_len > model.cfg.context:
-        raise UserError(f"--seq-len {args.seq_len} exceeds the model's context of {model.cfg.context}")
     seconds = None
     if args.action == "train":
         out = Path(args.out or f"{model.cfg.name}.tuned-lens.safetensors")
-        windows = token_windows(tok, args.corpus, "train", args.steps * args.batch, args.seq_len, args.seed)
+        windows = read_windows(model, tok, args, "train", args.steps * args.batch, args.seed)
         start = time.time()
 
         def log(step: int, kl: float) -> None:
@@ -66,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"saved {out} ({seconds:.0f}s, {windows.numel()} training tokens)", file=sys.stderr)
     else:
         lens = TunedLens.load(args.lens, model)
-    held = token_windows(tok, args.corpus, "val", args.eval_windows, args.seq_len, args.seed + 1)
+    held = read_windows(model, tok, args, "val", args.eval_windows, args.seed + 1)
     logit = evaluate_lens(model, LogitLens(model), held.split(2))
     tuned = evaluate_lens(model, lens, held.split(2))
     report = {"model": model.cfg.name, "heldout_tokens": held.numel(), "train_seconds": seconds,

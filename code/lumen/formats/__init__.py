@@ -70,7 +70,8 @@ def _load(spec: str, device: str | torch.device, dtype: torch.dtype) -> tuple[GP
     if path.is_dir() and _is_hf_dir(path):
         from .hf import load_hf_dir
 
-        return load_hf_dir(path, device, dtype), hf_dir_tokenizer(path)
+        has_tokenizer = (path / "tokenizer.json").is_file()  # (with its tokenizer_config.json, read by load)
+        return load_hf_dir(path, device, dtype), Tokenizer.load(path) if has_tokenizer else None
     if path.is_dir():
         from .checkpoint import load_run
 
@@ -87,11 +88,6 @@ def _is_hf_dir(path: Path) -> bool:
         return "model_type" in json.loads(config.read_text())
     except ValueError:
         raise ValueError(f"{config} is not valid JSON (the directory is damaged; convert or save it again)") from None
-
-
-def hf_dir_tokenizer(path: Path) -> Tokenizer | None:
-    """The tokenizer of a Hugging Face directory; None if it has none."""
-    return Tokenizer.load(path / "tokenizer.json") if (path / "tokenizer.json").is_file() else None
 
 
 def chat_prompt(tok: Tokenizer, user_text: str) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ModelConfig
+from ..data import TokenData, prepare
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,6 +91,11 @@ class TrainConfig:
     def windows_per_step(self) -> int:
         """Context windows per optimizer step, over all processes (the global batch)."""
         return self.batch_size * self.grad_accum
+
+    def prepare_data(self, quiet: bool = True) -> TokenData:
+        """This run's corpus, tokenized once (cached) and memory-mapped."""
+        return prepare(self.corpus, self.tokenizer, self.vocab_size, self.validation or None, self.val_fraction,
+                       quiet=quiet)
 
     def replace(self, **changes: object) -> TrainConfig:
         return dataclasses.replace(self, **changes)

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..data import TokenData, prepare
+from ..data import TokenData
 from ..files import write_text
 from ..formats import checkpoint as ckpt
 from ..model import GPT
@@ -117,8 +117,7 @@ class Trainer:
                 f"grad_accum ({cfg.grad_accum}) must be a multiple of the number of processes ({self.dist.world})"
             )
         self.micro_steps = cfg.grad_accum // self.dist.world  # this rank's micro-batches per step
-        self.data = data or prepare(cfg.corpus, cfg.tokenizer, cfg.vocab_size, cfg.validation or None,
-                                    cfg.val_fraction, quiet=not (cfg.progress and self.dist.main))
+        self.data = data or cfg.prepare_data(quiet=not (cfg.progress and self.dist.main))
         self.tokenizer = self.data.tokenizer
         if model is not None:
             model_cfg = model.cfg
