@@ -94,7 +94,11 @@ def train(
     """
     trainer = Trainer(cfg, model_cfg, data, model)
     try:
-        return trainer.run(resume)
+        result = trainer.run(resume)
+        # every rank has finished before any closes its connections: a gloo peer that vanishes while
+        # rank 0 still writes its summary can abort that process ("terminate called without an active exception")
+        distributed.barrier(trainer.dist)
+        return result
     finally:
         trainer.close()
 
