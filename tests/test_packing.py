@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from lumen.attention import MultiHeadAttention
 from lumen.model import GPT
-from lumen.packing import PackedLinear, can_pack, pack_linears
+from lumen.packing import PackedLinear, can_pack, pack_linears, row_linear
 
 pytestmark = pytest.mark.skipif(
     not can_pack(torch.nn.Linear(2, 2).to(torch.bfloat16)), reason="this PyTorch has no oneDNN packed linear"
@@ -97,5 +97,25 @@ def test_float32_packing_agrees_with_f_linear_to_rounding(cpp_compiler):
         torch.testing.assert_close(packed(x)[0], plain(x)[0], rtol=1e-5, atol=1e-5)
         greedy = plain.generate(x[:1, :5], 20, temperature=0)
         assert torch.equal(packed.generate(x[:1, :5], 20, temperature=0), greedy)
-        # a compiled decoding step calls the packed product as one custom operator
+        # compiled: a decoding step computes its one-row products as fused sums, a prefill calls the
+        # packed product as one custom operator
         assert torch.equal(packed.generate(x[:1, :5], 20, temperature=0, compile=True), greedy)
+        torch.testing.assert_close(packed.compiled()(x)[0], plain(x)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_row_product_is_the_linear(cpp_compiler, dtype):
+    """row_linear, eager and compiled, against x @ W.T + b computed in float64 from the same values: to
+    float32 rounding, then one rounding to the output dtype."""
+    torch.manual_seed(3)
+    x, w, b = torch.randn(1, 1, 96, dtype=dtype), torch.randn(200, 96, dtype=dtype), torch.randn(200, dtype=dtype)
+    exact = F.linear(x.double(), w.double(), b.double())
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2 ** -8, "atol": 1e-2}
+    compiled = torch.compile(row_linear, dynamic=False)
+    with torch.inference_mode():
+        for fn in (row_linear, compiled):
+            for bias in (b, None):
+                y = fn(x, w, bias)
+                assert y.dtype == dtype and y.shape == (1, 1, 200)
+                want = exact if bias is not None else exact - b.double()
+                torch.testing.assert_close(y.double(), want, **tol)

@@ -70,6 +70,19 @@ def test_greedy_continuations_match_transformers(smollm2, smollm2_hf, smollm2_to
         assert len(theirs) == 12 or theirs[-1] == eos  # HF stops at the end-of-turn token; lumen's generate goes on
 
 
+def test_compiled_decoding_matches_transformers(cpp_compiler, smollm2, smollm2_hf, smollm2_tokenizer):
+    """The fast path (`generate(..., compile=True)`: one-row products as fused sums over the packed
+    float32 weights) still decodes HF's tokens."""
+    for prompt in PROMPTS[:2]:
+        ids = torch.tensor([smollm2_tokenizer.encode(prompt)])
+        ours = smollm2.generate(ids, 12, temperature=0, compile=True)[0, ids.size(1):].tolist()
+        theirs = smollm2_hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+            pad_token_id=smollm2_tokenizer.eos_id,
+        )[0, ids.size(1):].tolist()
+        assert ours[: len(theirs)] == theirs, prompt
+
+
 # --- the tokenizer ------------------------------------------------------------------------------
 TEXTS = [
     "Hello, world! How are you doing today?",
@@ -220,6 +233,33 @@ def test_bfloat16_packed_model_still_knows_paris(smollm2, smollm2_tokenizer):
         assert pack_linears(plain) == 30 * 7 + 1 and isinstance(plain.lm_head, PackedLinear)
         assert torch.equal(plain.generate(ids, 4, temperature=0), expected)
 
+
+def test_compiled_bfloat16_decoding_is_no_less_accurate(cpp_compiler, smollm2, smollm2_tokenizer):
+    """bf16 weights, decoded one token at a time: the compiled step (float32 sums, intermediates kept in
+    float32 by the compiler) is at least as close to the float32 model's logits as the eager step.
+    Measured: max error 0.33 compiled vs 0.57 eager, mean 0.062 vs 0.094."""
+    import copy
+
+    from lumen.attention import KVCache
+    from lumen.packing import pack_linears, unpack_linears
+
+    model = copy.deepcopy(smollm2)
+    unpack_linears(model)
+    model.to(torch.bfloat16)
+    pack_linears(model)
+    ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is Paris, and the capital of Japan is")])
+    with torch.inference_mode():
+        seq = smollm2.generate(ids, 12, temperature=0)
+        want = smollm2(seq)[0][:, ids.size(1) - 1:]  # the float32 model's logits at every decoded position
+        errors = {}
+        for name, step in (("eager", model), ("compiled", model.compiled())):
+            cache = KVCache(model.cfg, 1, 256, dtype=torch.bfloat16)
+            got = [model(ids, cache=cache)[0][:, -1]]  # the prompt, eager, as generate does
+            got += [step(seq[:, t:t + 1], cache=cache)[0][:, -1] for t in range(ids.size(1), seq.size(1))]
+            diff = (torch.stack(got, 1).float() - want).abs()
+            errors[name] = (diff.max().item(), diff.mean().item())
+    assert errors["compiled"][0] <= 1.1 * errors["eager"][0], errors
+    assert errors["compiled"][1] <= 1.1 * errors["eager"][1], errors
 
 def test_saved_tokenizer_keeps_eos_and_chat_template(smollm2_tokenizer, smollm2_hf_tokenizer, tmp_path):
     """What a run trained with the smollm2 tokenizer (or a converted model) saves and reloads:
