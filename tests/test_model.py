@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from lumen import GPT, PRESETS, ModelConfig
+from lumen.attention import KVCache
 from lumen.model import sample_next
 
 TINY = ModelConfig(vocab_size=50, context=16, d_model=32, n_layers=2, n_heads=4)
@@ -40,6 +41,21 @@ def test_cached_decode_equals_uncached(positions):
     fast = model.generate(idx, 12, temperature=0)
     slow = model.generate(idx, 12, temperature=0, use_cache=False)
     assert torch.equal(fast, slow)
+
+
+def test_cached_decode_under_bf16_autocast():
+    """Keys computed in bf16 under autocast go into a float32 cache (how training samples its text):
+    the cached logits are the uncached forward's, to bf16 rounding."""
+    torch.manual_seed(0)
+    model = GPT(TINY.replace(positions="rope", context=32)).eval()
+    idx = torch.randint(0, 50, (1, 9))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = model(idx)[0].float()
+        cache = KVCache(model.cfg, 1, 32)
+        steps = [model(idx[:, :5], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 9)]
+        assert len(model.generate(idx[:, :5], 6, temperature=0)[0]) == 11
+    torch.testing.assert_close(torch.cat(steps, 1).float(), full, rtol=0, atol=0.05)
+    assert cache.layers[0].k.dtype == torch.float32 and cache.n == 9
 
 
 def test_compiled_decoding_step_gives_the_eager_numbers(cpp_compiler):

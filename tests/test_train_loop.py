@@ -90,6 +90,14 @@ def test_deterministic_and_accumulation_is_a_bigger_batch(data):
     assert la == pytest.approx(lc, abs=1e-5)
 
 
+def test_bf16_run_samples_through_the_kv_cache(data):
+    """A sample short enough for the context decodes with the KV cache, under bf16 autocast."""
+    cfg, m = tiny(None, "steps=2", "eval_interval=2", "dtype=bfloat16", "sample_tokens=8", "sample_prompt='ROMEO:'")
+    r = train(cfg, m, data=data)
+    (sample,) = [rec["sample"] for rec in r.history if "sample" in rec]
+    assert sample.startswith("ROMEO:") and len(sample) == len("ROMEO:") + 8  # char tokenizer: one char a token
+
+
 def test_dropout_and_other_model_choices_reach_the_model(data):
     cfg, m = tiny(None, "steps=2", "sample_tokens=0", "model.dropout=0.1", "model.norm_placement=post")
     r = train(cfg, m, data=data)

@@ -60,9 +60,10 @@ class LayerCache:
         return self.length + torch.arange(T, device=self.length.device)
 
     def write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the keys and values of positions pos; return all slots (B, h_kv, slots, hd)."""
-        self.k.index_copy_(2, pos, k)
-        self.v.index_copy_(2, pos, v)
+        """Store the keys and values of positions pos; return all slots (B, h_kv, slots, hd).
+        Under autocast the new keys arrive in bf16 and are kept in the cache's dtype (exactly)."""
+        self.k.index_copy_(2, pos, k.to(self.k.dtype))
+        self.v.index_copy_(2, pos, v.to(self.v.dtype))
         return self.k, self.v
 
 

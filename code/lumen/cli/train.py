@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ..train import PRESETS, TrainingError, load_config, to_toml, train
+from ..train.distributed import launched_by_torchrun, leave
 from . import UserError
 
 
@@ -33,4 +34,6 @@ def run(args: argparse.Namespace) -> int:
         train(cfg, model_cfg, resume=args.resume)
     except TrainingError as e:
         raise UserError(str(e)) from None
+    if launched_by_torchrun():
+        leave(0)  # a torchrun worker skips interpreter shutdown: see distributed.leave
     return 0

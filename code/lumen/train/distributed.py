@@ -17,8 +17,11 @@ Several machines: run torchrun on each with the same rendezvous, e.g. on 2 nodes
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -61,6 +64,20 @@ def init(device: str) -> Dist:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def leave(code: int = 0) -> NoReturn:
+    """End a torchrun worker at once, without Python's interpreter shutdown (everything is written).
+
+    DDP's C++ side keeps the gloo process group alive after destroy_process_group, so gloo's worker
+    threads outlive it; one may still be releasing a finished collective's tensors while Python shuts
+    down, and taking the GIL then aborts the process ("terminate called without an active exception":
+    measured 1 run in ~30 of a short 2-process run under load; a core dump shows the gloo thread in
+    THPVariable_dealloc during Py_FinalizeEx)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def mean(x: torch.Tensor, d: Dist) -> torch.Tensor:
