@@ -10,9 +10,10 @@ Both load the same GGUF file and run greedy decoding with a KV cache. For each d
 for lumen eager and compiled (`model.compiled()` for the prefill, `generate(..., compile=True)` for
 decoding; the time to compile is printed, not counted), and the ratios lumen/HF, by wall time and by CPU time; the goals
 are decode >= 2x HF fp32, bf16 weights >= 3x HF fp32, prefill >= 1.2x.
-Timings are medians over --repeats runs (the machine may be shared: run it twice). On a machine shared
-by more busy processes than cores, --threads 1 gives steadier numbers: a multi-threaded op then waits
-for a second core to be scheduled. Not a test.
+Timings are medians over --repeats rounds that take lumen eager, lumen compiled and HF in turn (the
+machine may be shared: run it twice). On a machine shared by more busy processes than cores,
+--threads 1 gives steadier numbers: a multi-threaded op then waits for a second core to be scheduled.
+Not a test.
 """
 
 from __future__ import annotations
@@ -35,20 +36,24 @@ FILLER = (
 )
 
 
-def timed(fn, repeats: int) -> tuple[float, float, float]:
-    """(median wall seconds, median CPU seconds of this process, peak extra MiB) of fn() over repeats
-    runs after one warm-up. CPU time counts only the work done, however busy the machine is."""
-    fn()
-    walls, cpus, peak = [], [], 0.0
-    for _ in range(repeats):
-        base = status_kib("VmRSS")
-        reset_peak()
-        t, c = time.perf_counter(), time.process_time()
+def timed(fns: dict, repeats: int) -> dict[str, tuple[float, float, float]]:
+    """{name: (median wall seconds, median CPU seconds of this process, peak extra MiB)} of each fn()
+    over repeats rounds after one warm-up each. The rounds take the contenders in turn, so a machine
+    that slows down or speeds up midway affects them alike; CPU time counts only the work done."""
+    for fn in fns.values():
         fn()
-        walls.append(time.perf_counter() - t)
-        cpus.append(time.process_time() - c)
-        peak = max(peak, (status_kib("VmHWM") - base) / 1024)
-    return statistics.median(walls), statistics.median(cpus), peak
+    walls, cpus = {name: [] for name in fns}, {name: [] for name in fns}
+    peak = dict.fromkeys(fns, 0.0)
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            base = status_kib("VmRSS")
+            reset_peak()
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            walls[name].append(time.perf_counter() - t)
+            cpus[name].append(time.process_time() - c)
+            peak[name] = max(peak[name], (status_kib("VmHWM") - base) / 1024)
+    return {name: (statistics.median(walls[name]), statistics.median(cpus[name]), peak[name]) for name in fns}
 
 
 def weights_mib(model: torch.nn.Module) -> float:
@@ -100,14 +105,13 @@ def bench(dtype: torch.dtype, n_prefill: int, n_decode: int, repeats: int) -> di
         return hf.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=n_decode,
                            min_new_tokens=n_decode, do_sample=False, pad_token_id=eos)
 
+    prefills = {"lumen": lambda: model(prompt), "lumen-compiled": lambda: model.compiled()(prompt),
+                "hf": lambda: hf(prompt, use_cache=False)}
+    decodes = {"lumen": lumen_decode, "lumen-compiled": lambda: lumen_decode(compile=True), "hf": hf_decode}
+    pre, dec = timed(prefills, repeats), timed(decodes, repeats)
     out = {}
-    for who, prefill, decode in (
-        ("lumen", lambda: model(prompt), lumen_decode),
-        ("lumen-compiled", lambda: model.compiled()(prompt), lambda: lumen_decode(compile=True)),
-        ("hf", lambda: hf(prompt, use_cache=False), hf_decode),
-    ):
-        t_pre, c_pre, mem_pre = timed(prefill, repeats)
-        t_dec, c_dec, mem_dec = timed(decode, repeats)
+    for who in prefills:
+        (t_pre, c_pre, mem_pre), (t_dec, c_dec, mem_dec) = pre[who], dec[who]
         print(f"  {dtype} {who}: prefill {n_prefill / t_pre:.1f} tok/s ({n_prefill / c_pre:.1f} per CPU-second), "
               f"decode {n_decode / t_dec:.1f} tok/s ({n_decode / c_dec:.1f} per CPU-second)", flush=True)
         out[who] = {"prefill_tok_s": n_prefill / t_pre, "decode_tok_s": n_decode / t_dec,
