@@ -59,7 +59,7 @@ def test_cached_decode_under_bf16_autocast():
 
 
 def test_compiled_decoding_step_gives_the_eager_numbers(cpp_compiler):
-    # torch.compile'd one-token steps (static cache shapes, weights frozen in) against eager decoding
+    # torch.compile'd one-token steps (static cache shapes, the weights graph inputs) against eager decoding
     torch.manual_seed(0)
     model = GPT(TINY.replace(positions="rope", n_kv_heads=2, context=300)).eval()
     idx = torch.randint(0, 50, (2, 5))

@@ -217,15 +217,23 @@ def test_convert_to_hf_loads_in_transformers_and_back(tmp_path, capsys, use_fixt
     assert "not an empty directory" in capsys.readouterr().err
 
 
+def bfloat16_copy(model):
+    """A bf16 copy of the (float32, packed) fixture model with plain, unpacked linear layers."""
+    import copy
+
+    from lumen.packing import unpack_linears
+
+    plain = copy.deepcopy(model)
+    unpack_linears(plain)
+    return plain.to(torch.bfloat16)
+
+
 def test_bfloat16_packed_model_still_knows_paris(smollm2, smollm2_tokenizer):
     """load(..., dtype=bfloat16) packs the linears for oneDNN; the model still answers, and the packed
     weights give the same tokens as plain bf16 F.linear."""
-    import copy
+    from lumen.packing import PackedLinear, can_pack, pack_linears
 
-    from lumen.packing import PackedLinear, can_pack, pack_linears, unpack_linears
-
-    plain = copy.deepcopy(smollm2).to(torch.bfloat16)
-    unpack_linears(plain)  # the fixture was loaded (and packed) in float32
+    plain = bfloat16_copy(smollm2)
     ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is")])
     expected = plain.generate(ids, 4, temperature=0)
     assert smollm2_tokenizer.decode(expected[0, ids.size(1):ids.size(1) + 1].tolist()) == " Paris"
@@ -238,14 +246,10 @@ def test_compiled_bfloat16_decoding_is_no_less_accurate(cpp_compiler, smollm2, s
     """bf16 weights, decoded one token at a time: the compiled step (float32 sums, intermediates kept in
     float32 by the compiler) is at least as close to the float32 model's logits as the eager step.
     Measured: max error 0.33 compiled vs 0.57 eager, mean 0.062 vs 0.094."""
-    import copy
-
     from lumen.attention import KVCache
-    from lumen.packing import pack_linears, unpack_linears
+    from lumen.packing import pack_linears
 
-    model = copy.deepcopy(smollm2)
-    unpack_linears(model)
-    model.to(torch.bfloat16)
+    model = bfloat16_copy(smollm2)
     pack_linears(model)
     ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is Paris, and the capital of Japan is")])
     with torch.inference_mode():
@@ -260,6 +264,7 @@ def test_compiled_bfloat16_decoding_is_no_less_accurate(cpp_compiler, smollm2, s
             errors[name] = (diff.max().item(), diff.mean().item())
     assert errors["compiled"][0] <= 1.1 * errors["eager"][0], errors
     assert errors["compiled"][1] <= 1.1 * errors["eager"][1], errors
+
 
 def test_saved_tokenizer_keeps_eos_and_chat_template(smollm2_tokenizer, smollm2_hf_tokenizer, tmp_path):
     """What a run trained with the smollm2 tokenizer (or a converted model) saves and reloads:

@@ -95,8 +95,8 @@ def train(
     trainer = Trainer(cfg, model_cfg, data, model)
     try:
         result = trainer.run(resume)
-        # every rank has finished before any closes its connections: a gloo peer that vanishes while
-        # rank 0 still writes its summary can abort that process ("terminate called without an active exception")
+        # every rank has finished (rank 0 has written its files) before any closes its connections; how a
+        # torchrun worker then ends its process: distributed.leave
         distributed.barrier(trainer.dist)
         return result
     finally:
