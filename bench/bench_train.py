@@ -6,22 +6,25 @@
 
 The default shape is nanoGPT's character-level Shakespeare model. Both models get the same config (through
 lumen.formats.hf.config_to_hf), the same seed, the same batch and the same optimizer (lumen's: fused AdamW,
-decay on matrices). Each setting runs in its own subprocess, so that peak memory is that setting's alone.
-It prints tokens/s (the best of --repeats timings of --steps steps: the machine may be shared), MFU against
-the matmul peak measured in that subprocess in that dtype, and the peak extra memory of a step above the
-weights and optimizer state (Linux VmHWM on CPU, max_memory_allocated on CUDA). Goals: bf16 >= 1.5x the
-best HF setting, fp32 no slower than HF, peak memory no higher. Not a test.
+decay on matrices). Each setting runs in its own subprocess, where lumen and HF take turns: it prints
+tokens/s (the best of --repeats rounds of --steps steps each: the machine may be shared), MFU against
+the matmul peak measured in that subprocess in that dtype, and the peak memory of a step's tensors above the
+weights and optimizer state (activations, gradients, temporaries: from the profiler's record of every
+allocation on CPU, max_memory_allocated on CUDA). lumen's step is its training loop's (lumen.train.loop: the
+same compile options and attention path); HF's is torch.compile's defaults. Goals: bf16 >= 1.5x the best HF
+setting, fp32 no slower than HF, peak memory no higher. Not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
+import tempfile
 import time
-
-import rss  # bench/rss.py (the script's own folder is on sys.path)
+import warnings
 
 
 def build(impl: str, args: argparse.Namespace):
@@ -45,74 +48,93 @@ def build(impl: str, args: argparse.Namespace):
     return cfg, model, lambda x: model(input_ids=x[:, :-1], labels=x[:, :-1]).loss
 
 
-def measure(impl: str, dtype: str, compiled: bool, args: argparse.Namespace) -> dict:
-    """Run in a fresh process: time args.steps training steps, args.repeats times."""
+def contender(impl: str, bf16: bool, compiled: bool, args: argparse.Namespace):
+    """(model config, a function that takes one training step) for lumen or HF."""
     import torch
 
+    from lumen.model import COMPILE_OPTIONS
+    from lumen.train.loop import training_attention
     from lumen.train.optim import make_optimizer
-    from lumen.train.speed import matmul_peak, training_flops_per_token
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     cfg, model, loss_of = build(impl, args)
     model.to(device).train()
     opt = make_optimizer(model, 1e-4, 0.1, (0.9, 0.95), device)
-    fwd = torch.compile(loss_of) if compiled else loss_of
-    bf16 = dtype == "bfloat16"
+    if impl == "lumen":
+        fwd = torch.compile(loss_of, options=COMPILE_OPTIONS) if compiled else loss_of
+        attention = lambda: training_attention(model, compiled, bf16)  # noqa: E731
+    else:
+        fwd = torch.compile(loss_of) if compiled else loss_of
+        attention = contextlib.nullcontext
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, args.vocab, (args.batch, args.context + 1), generator=g).to(device)
 
     def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), attention():
             loss = fwd(x)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    return cfg, step
+
+
+def measure(dtype: str, compiled: bool, args: argparse.Namespace) -> list[dict]:
+    """Run in a fresh process: HF's and lumen's steps in this setting, timed in alternating rounds (drift in
+    the machine's speed hits both alike), args.repeats rounds of args.steps steps each."""
+    import torch
+
+    from lumen.train.speed import matmul_peak, training_flops_per_token
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    bf16 = dtype == "bfloat16"
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    base, best = current_memory(device), 0.0  # weights only: before any step
-    reset_peak(device)
-    for _ in range(3 if compiled else 2):  # warm-up: compilation, optimizer state, allocator
-        step()
-    sync()
-    for _ in range(args.repeats):
-        t = time.perf_counter()
-        for _ in range(args.steps):
-            step()
+    steps, peaks, best = {}, {}, {}
+    for impl in ("hf", "lumen"):
+        cfg, steps[impl] = contender(impl, bf16, compiled, args)
+        for _ in range(3 if compiled else 2):  # warm-up: compilation, optimizer state, allocator
+            steps[impl]()
         sync()
-        best = max(best, args.steps * args.batch * args.context / (time.perf_counter() - t))
-    state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
-    peak = peak_memory(device) - base - state  # activations, gradients, temporaries of one step
+        peaks[impl], best[impl] = step_memory(steps[impl], device), 0.0
+    for _ in range(args.repeats):
+        for impl, step in steps.items():
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            sync()
+            best[impl] = max(best[impl], args.steps * args.batch * args.context / (time.perf_counter() - t))
     flops = training_flops_per_token(cfg, args.context)
     mm_peak = matmul_peak(device, torch.bfloat16 if bf16 else torch.float32)
-    return {"impl": impl, "dtype": dtype, "compiled": compiled, "tokens_per_s": best,
-            "mfu": best * flops / mm_peak, "peak_mib": peak / 2**20, "matmul_peak_tflops": mm_peak / 1e12}
+    return [{"impl": impl, "dtype": dtype, "compiled": compiled, "tokens_per_s": best[impl],
+             "mfu": best[impl] * flops / mm_peak, "peak_mib": peaks[impl] / 2**20,
+             "matmul_peak_tflops": mm_peak / 1e12} for impl in steps]
 
 
-def current_memory(device) -> int:
+def step_memory(step, device) -> int:
+    """Peak bytes of tensors alive during one step, above those alive before it (weights, optimizer state)."""
     import torch
 
     if device.type == "cuda":
-        return torch.cuda.memory_allocated(device)
-    return rss.status_kib("VmRSS") * 1024
-
-
-def reset_peak(device) -> None:
-    import torch
-
-    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-    else:
-        rss.reset_peak()  # VmHWM, the resident-memory high-water mark
-
-
-def peak_memory(device) -> int:
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return rss.status_kib("VmHWM") * 1024
+        step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    # every allocation and free of the step, replayed in order (the resident size would also count the
+    # allocator's cached pages and the compiler's own memory)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                record_shapes=True, with_stack=True) as prof:
+        step()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated for CUDA, where memory snapshots replace it
+        prof.export_memory_timeline(f.name, device="cpu")
+        with open(f.name) as timeline:
+            _, sizes = json.load(timeline)
+    live = [sum(s) for s in sizes]
+    return max(live) - live[0]
 
 
 def main() -> None:
@@ -127,11 +149,11 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile settings (slow to compile)")
-    p.add_argument("--only", help=argparse.SUPPRESS)  # impl,dtype,compiled: run one setting, print JSON
+    p.add_argument("--only", help=argparse.SUPPRESS)  # dtype,compiled: run one setting, print JSON
     args = p.parse_args()
     if args.only:
-        impl, dtype, compiled = args.only.split(",")
-        print(json.dumps(measure(impl, dtype, compiled == "1", args)))
+        dtype, compiled = args.only.split(",")
+        print(json.dumps(measure(dtype, compiled == "1", args)))
         return
 
     settings = [(d, c) for c in ([False] if args.no_compile else [False, True]) for d in ("float32", "bfloat16")]
@@ -139,15 +161,15 @@ def main() -> None:
     print(f"training step, {args.layers} layers x {args.d_model} wide, context {args.context}, batch {args.batch}, "
           f"{args.device}; best of {args.repeats} x {args.steps} steps", flush=True)
     for dtype, compiled in settings:
-        for impl in ("hf", "lumen"):
-            cmd = [sys.executable, __file__, *sys.argv[1:], "--only", f"{impl},{dtype},{int(compiled)}"]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                print(f"{impl} {dtype} compiled={compiled}: failed: {done.stderr.strip().splitlines()[-1:]}")
-                continue
-            r = json.loads(done.stdout.strip().splitlines()[-1])
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--only", f"{dtype},{int(compiled)}"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"{dtype} compiled={compiled}: failed: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        for r in json.loads(done.stdout.strip().splitlines()[-1]):
             rows.append(r)
-            print(f"  {impl:<6}{dtype:<10}{'compiled' if compiled else 'eager':<10}{r['tokens_per_s']:>10,.0f} tok/s"
+            mode = "compiled" if compiled else "eager"
+            print(f"  {r['impl']:<6}{dtype:<10}{mode:<10}{r['tokens_per_s']:>10,.0f} tok/s"
                   f"{r['mfu']:>8.0%} MFU{r['peak_mib']:>9,.0f} MiB peak   (matmul peak "
                   f"{r['matmul_peak_tflops'] * 1e3:,.0f} GFLOP/s)", flush=True)
     best = {}

@@ -15,6 +15,7 @@ from lumen import GPT
 from lumen.data import prepare
 from lumen.formats import checkpoint as ckpt
 from lumen.train import TrainingError, load_config, train
+from lumen.train.loop import training_attention
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,49 @@ def test_deterministic_and_accumulation_is_a_bigger_batch(data):
         torch.testing.assert_close(vc, va, rtol=0, atol=1e-5)
     la, lc = ([r["loss"] for r in x.history if "loss" in r] for x in (a, c))
     assert la == pytest.approx(lc, abs=1e-5)
+
+
+def test_compiled_bf16_training_takes_the_eager_steps(data, cpp_compiler):
+    """Compiled (lumen's compile options; on CPU in bf16 the plain attention path), a run takes the steps of
+    the eager one, to bf16 rounding, and gives the model back with its own attention choice."""
+    runs = [train(*tiny(None, "steps=6", "dtype=bfloat16", "sample_tokens=0", f"compile={c}"), data=data)
+            for c in ("false", "true")]
+    eager, compiled = ([r["loss"] for r in run.history if "loss" in r] for run in runs)
+    assert compiled == pytest.approx(eager, abs=1e-3)  # measured: within 1e-4; a wrong mask: 4e-3 by step 2
+    assert all("use_sdpa" not in vars(b.attn) for b in runs[1].model.blocks)
+
+
+def test_a_compiled_run_repeats_bit_for_bit(data, cpp_compiler):
+    """Compiled with two threads, the same seed gives the same weights: the embedding's gradient is summed in
+    a fixed order (deterministic mode, which the run turns off again at its end)."""
+    a, b = (train(*tiny(None, "steps=20", "threads=2", "compile=true", "sample_tokens=0"), data=data).model
+            for _ in range(2))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_compiling_without_a_cpp_compiler_is_one_clear_error(data, monkeypatch):
+    from torch._inductor import cpp_builder, exc
+
+    def none_found() -> str:
+        raise exc.InvalidCxxCompiler()
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", none_found)
+    with pytest.raises(ValueError, match="needs a C.. compiler .* or set compile=false"):
+        train(*tiny(None, "compile=true"), data=data)
+
+
+def test_training_attention_is_plain_only_where_it_pays():
+    """Compiled, bf16, on CPU, and attention weights no bigger than the MLP's activations (h T <= d_ff)."""
+    def plain(model: GPT, compiled: bool = True, bf16: bool = True) -> list[bool]:
+        with training_attention(model, compiled, bf16):
+            return [not b.attn.use_sdpa for b in model.blocks]
+
+    short = GPT.from_preset("baby-gpt", n_layers=2, d_model=64, n_heads=4, vocab_size=20, context=64)  # 256 <= 256
+    long = GPT.from_preset("baby-gpt", n_layers=2, d_model=64, n_heads=4, vocab_size=20, context=128)
+    assert plain(short) == [True, True]
+    assert plain(short, compiled=False) == plain(short, bf16=False) == plain(long) == [False, False]
+    assert all("use_sdpa" not in vars(b.attn) for b in short.blocks)  # restored: the class default again
 
 
 def test_bf16_run_samples_through_the_kv_cache(data):

@@ -167,7 +167,9 @@ class MultiHeadAttention(nn.Module):
         if allowed is None:  # plain causal: query t sees keys up to its own position
             allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        a = self.pattern(F.softmax(scores.float(), dim=-1).to(v.dtype))  # each row: convex weights over the past
+        # each row: convex weights over the past (for bf16 scores the kernel sums in fp32 and rounds once; the
+        # weights stay bf16, half of what a training step keeps for its backward pass in fp32)
+        a = self.pattern(F.softmax(scores, dim=-1).to(v.dtype))
         a = F.dropout(a, self.dropout, self.training)
         return a @ v                                       # (B, h, T, hd)
 

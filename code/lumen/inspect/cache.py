@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from ..block import PostLNBlock
-from ..model import GPT
+from ..model import GPT, plain_attention
 
 PER_BLOCK = ("resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "resid_post", "attn_pattern")
 _BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(\w+)$")
@@ -81,23 +81,6 @@ def check_layer(model: GPT, layer: int) -> int:
     return layer
 
 
-@contextmanager
-def _plain_attention(model: GPT, layers: Iterable[int]) -> Iterator[None]:
-    """Route the given layers' attention through the plain softmax path, which exposes the pattern."""
-    attns = [model.blocks[i].attn for i in set(layers)]
-    before = [a.__dict__.get("use_sdpa") for a in attns]
-    for a in attns:
-        a.use_sdpa = False          # an instance attribute shadows the class default for this model only
-    try:
-        yield
-    finally:
-        for a, old in zip(attns, before):
-            if old is None:
-                del a.use_sdpa
-            else:
-                a.use_sdpa = old
-
-
 def _pattern_layers(names: Iterable[str]) -> list[int]:
     return [int(m.group(1)) for n in names if (m := _BLOCK_NAME.match(n)) and m.group(2) == "attn_pattern"]
 
@@ -133,7 +116,7 @@ def hooks(model: GPT, fns: dict[str, Callable[[torch.Tensor], torch.Tensor | Non
                 handles.append(module.register_forward_hook(on_output(fn)))
             else:
                 handles.append(module.register_forward_pre_hook(on_input(fn, name, where == "pre_readonly")))
-        with _plain_attention(model, _pattern_layers(fns)):
+        with plain_attention(model, _pattern_layers(fns)):
             yield
     finally:
         for h in handles:

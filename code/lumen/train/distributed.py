@@ -1,6 +1,6 @@
 """More than one process: torchrun starts them, DistributedDataParallel averages their gradients.
 
-    torchrun --nproc_per_node=2 -m lumen train --preset shakespeare
+    torchrun --nproc_per_node=2 -m lumen train --preset shakespeare --set grad_accum=2
 
 Each process (rank) runs the same loop on its own share of every step's batch; after each backward
 pass DDP all-reduces the gradients, so every rank takes the same optimizer step and holds the same
@@ -13,6 +13,7 @@ Several machines: run torchrun on each with the same rendezvous, e.g. on 2 nodes
              --rdzv_endpoint=HOST0:29500 -m lumen train CONFIG.toml     # node_rank=1 on the other
 
 (torchrun's own launcher: lumen only reads RANK, LOCAL_RANK and WORLD_SIZE from the environment.)
+grad_accum counts micro-batches over all processes, so it must be a multiple of their number.
 """
 
 from __future__ import annotations
