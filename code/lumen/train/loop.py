@@ -172,7 +172,9 @@ class Trainer:
             bar.write(f"lumen train: {n / 1e6:.2f}M parameters, {self.tokenizer.kind} tokenizer "
                       f"({self.tokenizer.vocab_size} tokens), {tokens_per_step:,} tokens/step, "
                       f"{'bf16 autocast' if self.bf16 else 'fp32'} on {self.device}"
-                      f"{f' x {self.dist.world} processes' if self.dist.active else ''}")
+                      f"{f' x {self.dist.world} processes' if self.dist.active else ''}"
+                      + (", compiled (the first step compiles: ~30 s on a new machine, then cached)"
+                         if cfg.compile else ""))
         t_start = time.perf_counter()
         train_time, session_tokens, stopped = 0.0, 0, "done"
         window_t, window_tokens, last_loss, val = time.perf_counter(), 0, None, None
