@@ -20,10 +20,10 @@ setup: $(BIN)/lumen
 	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
 	  && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium not installed: the HTML page test will be skipped (apt-get install -y chromium)"
-	@# torch.compile's CPU backend writes C++ (compiled decoding and its tests; skipped without a compiler)
+	@# torch.compile's CPU backend writes C++ (the default training run is compiled; so are decoding tests)
 	@command -v g++ >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
 	  && apt-get update -qq && apt-get install -y -qq g++ >/dev/null; } \
-	  || echo "g++ not installed: the compiled-decoding tests will be skipped (apt-get install -y g++)"
+	  || echo "g++ not installed: compiled runs fail, their tests are skipped (apt-get install -y g++, or --set compile=false)"
 
 # the main job on its built-in default
 # (--resume: a second `make` continues or re-reports the run in runs/shakespeare instead of refusing it)

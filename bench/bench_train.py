@@ -11,8 +11,8 @@ tokens/s (the best of --repeats rounds of --steps steps each: the machine may be
 the matmul peak measured in that subprocess in that dtype, and the peak memory of a step's tensors above the
 weights and optimizer state (activations, gradients, temporaries: from the profiler's record of every
 allocation on CPU, max_memory_allocated on CUDA). lumen's step is its training loop's (lumen.train.loop: the
-same compile options and attention path); HF's is torch.compile's defaults. Goals: bf16 >= 1.5x the best HF
-setting, fp32 no slower than HF, peak memory no higher. Not a test.
+same compile options, settings and attention path); HF's is torch.compile's defaults. Goals: bf16 >= 1.5x
+the best HF setting, fp32 no slower than HF, peak memory no higher. Not a test.
 """
 
 from __future__ import annotations
@@ -53,24 +53,27 @@ def contender(impl: str, bf16: bool, compiled: bool, args: argparse.Namespace):
     import torch
 
     from lumen.model import COMPILE_OPTIONS
-    from lumen.train.loop import training_attention
+    from lumen.train import TrainConfig
+    from lumen.train.loop import run_settings, training_attention
     from lumen.train.optim import make_optimizer
 
     device = torch.device(args.device)
     cfg, model, loss_of = build(impl, args)
     model.to(device).train()
     opt = make_optimizer(model, 1e-4, 0.1, (0.9, 0.95), device)
-    if impl == "lumen":
+    if impl == "lumen":  # as lumen.train.loop takes a step: its compile options, settings and attention path
         fwd = torch.compile(loss_of, options=COMPILE_OPTIONS) if compiled else loss_of
+        run = TrainConfig(device=args.device, compile=compiled, threads=args.threads, save=False)
+        settings = lambda: run_settings(run)  # noqa: E731
         attention = lambda: training_attention(model, compiled, bf16)  # noqa: E731
     else:
         fwd = torch.compile(loss_of) if compiled else loss_of
-        attention = contextlib.nullcontext
+        settings = attention = contextlib.nullcontext
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, args.vocab, (args.batch, args.context + 1), generator=g).to(device)
 
     def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), attention():
+        with settings(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), attention():
             loss = fwd(x)
         loss.backward()
         opt.step()

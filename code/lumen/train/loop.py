@@ -17,6 +17,7 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,15 +93,16 @@ def train(
         >>> cfg = TrainConfig(steps=300, save=False, progress=False, eval_interval=100)
         >>> pre, post = (train(cfg, base.replace(norm_placement=p)) for p in ("pre", "post"))  # doctest: +SKIP
     """
-    trainer = Trainer(cfg, model_cfg, data, model)
-    try:
-        result = trainer.run(resume)
-        # every rank has finished (rank 0 has written its files) before any closes its connections; how a
-        # torchrun worker then ends its process: distributed.leave
-        distributed.barrier(trainer.dist)
-        return result
-    finally:
-        trainer.close()
+    with run_settings(cfg):
+        try:
+            trainer = Trainer(cfg, model_cfg, data, model)
+            result = trainer.run(resume)
+            # every rank has finished (rank 0 has written its files) before any closes its connections; how a
+            # torchrun worker then ends its process: distributed.leave
+            distributed.barrier(trainer.dist)
+            return result
+        finally:
+            distributed.shutdown()
 
 
 class Trainer:
@@ -113,9 +115,6 @@ class Trainer:
         self.dist = distributed.init(self.device.type)
         if self.dist.active and self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)
-        self.threads_before = torch.get_num_threads()
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
         if cfg.grad_accum % self.dist.world:
             raise ValueError(
                 f"grad_accum ({cfg.grad_accum}) must be a multiple of the number of processes ({self.dist.world})"
@@ -143,13 +142,6 @@ class Trainer:
         torch.manual_seed(cfg.seed + 1 + self.dist.rank)  # dropout noise differs per rank
         self.step, self.tokens, self.best = 0, 0, math.inf
         self.bf16 = use_bf16(cfg.dtype, self.device)
-        self.deterministic_before = (torch.are_deterministic_algorithms_enabled(),
-                                     torch.is_deterministic_algorithms_warn_only_enabled())
-        if cfg.compile and self.device.type == "cpu":
-            check_cpp_compiler()
-            # compiled, the gradient of the embedding is summed with atomic adds in whatever order the threads
-            # run; deterministic mode takes ATen's ordered kernel there, so a compiled run repeats bit for bit
-            torch.use_deterministic_algorithms(True, warn_only=True)
         self.fwd: nn.Module = torch.compile(self.raw, options=COMPILE_OPTIONS) if cfg.compile else self.raw
         if self.dist.active:
             ids = [self.dist.local_rank] if self.device.type == "cuda" else None
@@ -414,11 +406,6 @@ class Trainer:
         return (f"the {what} became {value} at step {self.step + 1}; training stopped and {keep}. "
                 f"Lower lr (now {self.cfg.lr}), raise warmup, or keep grad_clip on")
 
-    def close(self) -> None:
-        torch.set_num_threads(self.threads_before)
-        torch.use_deterministic_algorithms(self.deterministic_before[0], warn_only=self.deterministic_before[1])
-        distributed.shutdown()
-
 
 def summary_line(r: TrainResult) -> str:
     val = f"{r.final_val_loss:.4f}" if r.final_val_loss is not None else "n/a"
@@ -435,6 +422,37 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but torch sees no CUDA GPU (use device = \"cpu\")")
     return torch.device(name)
+
+
+@contextlib.contextmanager
+def run_settings(cfg: TrainConfig) -> Iterator[None]:
+    """The process-wide settings a run changes (torch's threads; deterministic mode when compiled on a CPU),
+    restored however the run ends, a failed start included."""
+    compiled_on_cpu = cfg.compile and resolve_device(cfg.device).type == "cpu"
+    if compiled_on_cpu:
+        check_cpp_compiler()
+    threads = torch.get_num_threads()
+    try:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        with deterministic_algorithms(compiled_on_cpu):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool = True) -> Iterator[None]:
+    """PyTorch's deterministic mode (warn-only) for a while. Compiled, the gradient of the embedding is summed
+    with atomic adds in whatever order the threads run; in this mode inductor takes ATen's ordered kernel
+    there, so a compiled CPU run repeats bit for bit (~2% slower)."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    if on:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def training_attention(model: GPT, compiled: bool, bf16: bool) -> contextlib.AbstractContextManager:
