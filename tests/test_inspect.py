@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from lumen import GPT, ModelConfig
+from lumen.errors import UserError
 from lumen.formats.hf import from_hf_model
 from lumen.inspect import (
     LogitLens,
@@ -126,7 +127,7 @@ def test_caching_changes_nothing_and_costs_nothing_after():
     assert no_hooks_left(model)
     hidden = capture(model, x, "blocks.1.mlp_hidden")
     assert torch.equal(hidden, cache["blocks.1.mlp_hidden"]) and no_hooks_left(model)
-    with pytest.raises(KeyError, match="unknown activation"):
+    with pytest.raises(UserError, match="unknown activation"):
         run_with_cache(model, x, ["blocks.0.resid"])
     with pytest.raises(ValueError, match="out of range"):
         run_with_cache(model, x, ["blocks.3.resid_post"])

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .errors import UserError
 
 
 class RoPE(nn.Module):
@@ -97,7 +98,7 @@ class KVCache:
 
     def check_room(self, T: int) -> None:
         if self.n + T > self.slots:
-            raise ValueError(
+            raise UserError(
                 f"KV cache full: {self.n + T} tokens exceed its {self.slots} slots (make a larger cache)"
             )
 

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import ConfigError
+
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 MLP_KINDS = ("mlp", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
@@ -49,21 +51,21 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for f in ("vocab_size", "context", "d_model", "n_layers", "n_heads"):
             if getattr(self, f) <= 0:
-                raise ValueError(f"ModelConfig.{f} must be positive, got {getattr(self, f)}")
+                raise ConfigError(f"ModelConfig.{f} must be positive, got {getattr(self, f)}")
         for f in ("n_kv_heads", "d_ff"):
             v = getattr(self, f)
             if v is not None and v <= 0:
-                raise ValueError(f"ModelConfig.{f} must be positive, got {v}")
+                raise ConfigError(f"ModelConfig.{f} must be positive, got {v}")
         if self.d_model % self.n_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
             )
         if self.n_heads % self.kv_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"ModelConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})"
             )
         if self.positions == "rope" and self.head_dim % 2:
-            raise ValueError(f"ModelConfig.head_dim ({self.head_dim}) must be even for RoPE")
+            raise ConfigError(f"ModelConfig.head_dim ({self.head_dim}) must be even for RoPE")
         for f, allowed in (
             ("mlp", MLP_KINDS),
             ("activation", ACTIVATIONS),
@@ -72,13 +74,13 @@ class ModelConfig:
             ("positions", POSITIONS),
         ):
             if getattr(self, f) not in allowed:
-                raise ValueError(
+                raise ConfigError(
                     f"ModelConfig.{f} must be one of {', '.join(allowed)}; got {getattr(self, f)!r}"
                 )
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
         if self.norm_eps <= 0 or self.rope_theta <= 0:
-            raise ValueError("ModelConfig.norm_eps and rope_theta must be positive")
+            raise ConfigError("ModelConfig.norm_eps and rope_theta must be positive")
 
     # derived sizes -------------------------------------------------------------------------
     @property
@@ -99,7 +101,7 @@ class ModelConfig:
     def from_name(cls, name: str) -> ModelConfig:
         """A preset by name, e.g. ``ModelConfig.from_name("smollm2-135m")``."""
         if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+            raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
         return PRESETS[name]
 
     def replace(self, **changes: object) -> ModelConfig:
@@ -107,7 +109,7 @@ class ModelConfig:
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - fields)
         if unknown:
-            raise ValueError(f"unknown ModelConfig field(s) {unknown}; valid: {', '.join(sorted(fields))}")
+            raise ConfigError(f"unknown ModelConfig field(s) {unknown}; valid: {', '.join(sorted(fields))}")
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -118,7 +120,7 @@ class ModelConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)
         if unknown:
-            raise ValueError(f"unknown ModelConfig field(s) {unknown}; valid: {', '.join(sorted(fields))}")
+            raise ConfigError(f"unknown ModelConfig field(s) {unknown}; valid: {', '.join(sorted(fields))}")
         return cls(**d)
 
     def save(self, path: str | Path) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .errors import CorpusError, MissingFileError
 from .fetch import cache_dir, fetch
 from .tokenizers import FILENAME as TOKENIZER_FILE
 from .tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, train_bpe
@@ -60,19 +61,19 @@ def read_corpus(spec: str | list[str]) -> list[Document]:
         elif glob.has_magic(s):
             matched = sorted(Path(f) for f in glob.glob(os.path.expanduser(s), recursive=True))
             if not matched:
-                raise FileNotFoundError(f"corpus glob {s!r} matches no files")
+                raise MissingFileError(f"corpus glob {s!r} matches no files")
             files += [f for f in matched if f.is_file()]
         else:
-            raise FileNotFoundError(f"corpus {s!r}: no such file or directory (or use the built-in 'shakespeare')")
+            raise MissingFileError(f"corpus {s!r}: no such file or directory (or use the built-in 'shakespeare')")
     docs = []
     for f in files:
         try:
             docs.append(Document(str(f), f.read_text(encoding="utf-8")))
         except UnicodeDecodeError as e:
-            raise ValueError(f"corpus file {f} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+            raise CorpusError(f"corpus file {f} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     docs = [d for d in docs if d.text]
     if not docs:
-        raise ValueError(f"corpus {spec!r} is empty: no text in {len(files)} file(s)")
+        raise CorpusError(f"corpus {spec!r} is empty: no text in {len(files)} file(s)")
     return docs
 
 
@@ -85,11 +86,11 @@ def split_documents(
         names = {d.name for d in docs}
         unknown = [v for v in validation if v not in names]
         if unknown:
-            raise ValueError(f"validation document(s) {unknown} are not in the corpus; documents: {sorted(names)}")
+            raise CorpusError(f"validation document(s) {unknown} are not in the corpus; documents: {sorted(names)}")
         val = [d for d in docs if d.name in validation]
         return [d for d in docs if d.name not in validation], val
     if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        raise CorpusError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if len(docs) == 1:
         text = docs[0].text
         cut = text.rfind("\n", 0, int(len(text) * (1 - val_fraction))) + 1 or int(len(text) * (1 - val_fraction))
@@ -116,7 +117,7 @@ def make_tokenizer(kind: str, train: list[Document], all_docs: list[Document], v
         return tokenizer_from_gguf(metadata(open_gguf(fetch("smollm2"))))
     if Path(kind).exists():
         return Tokenizer.load(kind)
-    raise ValueError(f"unknown tokenizer {kind!r}; use one of {', '.join(TOKENIZERS)} or a tokenizer.json path")
+    raise CorpusError(f"unknown tokenizer {kind!r}; use one of {', '.join(TOKENIZERS)} or a tokenizer.json path")
 
 
 def encode(tok: Tokenizer, docs: list[Document]) -> np.ndarray:
@@ -160,7 +161,7 @@ class TokenData:
     def check_context(self, context: int) -> None:
         for s, arr in self.splits.items():
             if len(arr) < context + 1:
-                raise ValueError(
+                raise CorpusError(
                     f"the {s} split has {len(arr)} tokens, fewer than one context window of {context + 1} "
                     f"(use a longer corpus or a smaller model.context)"
                 )

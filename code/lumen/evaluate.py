@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from .errors import UserError
 from .model import GPT
 
 
@@ -36,7 +37,7 @@ class EvalResult:
 def windows(n_tokens: int, context: int) -> list[tuple[int, int]]:
     """(start, end) of each non-overlapping window; a window needs two tokens to score anything."""
     if context < 2:
-        raise ValueError(f"context must be at least 2 tokens to score a prediction, got {context}")
+        raise UserError(f"context must be at least 2 tokens to score a prediction, got {context}")
     spans = [(s, min(s + context, n_tokens)) for s in range(0, n_tokens, context)]
     return [(s, e) for s, e in spans if e - s >= 2]
 
@@ -51,11 +52,11 @@ def evaluate(model: GPT, ids: Sequence[int] | torch.Tensor, context: int | None 
     `context` defaults to the model's context, at most DEFAULT_CONTEXT tokens."""
     context = context or min(model.cfg.context, DEFAULT_CONTEXT)
     if context > model.cfg.context:
-        raise ValueError(f"context {context} exceeds the model's {model.cfg.context} (lower --context)")
+        raise UserError(f"context {context} exceeds the model's {model.cfg.context} (lower --context)")
     ids = torch.as_tensor(ids, dtype=torch.long).flatten()
     spans = windows(ids.numel(), context)
     if not spans:
-        raise ValueError(f"the text has {ids.numel()} token(s); at least 2 are needed to score a prediction")
+        raise UserError(f"the text has {ids.numel()} token(s); at least 2 are needed to score a prediction")
     device = model.lm_head.weight.device
     total, scored = 0.0, 0
     batch = max(1, LOGITS_BUDGET // (context * model.cfg.vocab_size))

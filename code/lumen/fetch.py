@@ -21,6 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import FetchError
+
 
 @dataclass(frozen=True)
 class Artifact:
@@ -57,10 +59,6 @@ ARTIFACTS: dict[str, Artifact] = {
         sdist=True,
     ),
 }
-
-
-class FetchError(RuntimeError):
-    """An artifact could not be had: the message says why and what to do."""
 
 
 def cache_dir() -> Path:

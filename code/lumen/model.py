@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from .attention import KVCache
 from .block import TransformerBlock, make_norm
 from .config import ModelConfig
+from .errors import UserError
 
 # torch.compile's options for lumen's models. Inductor writes tanh on CPU as a long vector polynomial;
 # as 2 / (1 + e^(-2u)) - 1, the same function, GELU's forward and backward run ~2x faster (a training
@@ -117,7 +118,7 @@ class GPT(nn.Module):
         if use_cache:
             total = idx.size(1) + max_new_tokens
             if total > self.cfg.context:
-                raise ValueError(
+                raise UserError(
                     f"prompt ({idx.size(1)} tokens) plus {max_new_tokens} new tokens exceed the model's "
                     f"context of {self.cfg.context} (shorten the prompt or lower --max-new-tokens)"
                 )
@@ -173,7 +174,7 @@ def sample_next(
     """One token id per row of logits (B, vocab): greedy at temperature 0, else sampled from the
     softmax at that temperature, restricted to the top_k tokens and the top_p probability mass."""
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+        raise UserError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -182,7 +183,7 @@ def sample_next(
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
         if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+            raise UserError(f"top_p must be in (0, 1], got {top_p}")
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         mass_before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)
         drop = mass_before >= top_p  # a token stays if the mass ahead of it is below top_p
@@ -196,14 +197,14 @@ def check_tokens(idx: torch.Tensor, cfg: ModelConfig, start: int) -> None:
     if idx.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8):
         raise TypeError(f"token ids must be an integer tensor, got {idx.dtype} (use .long())")
     if idx.dim() != 2:
-        raise ValueError(f"token ids must have shape (batch, time), got {tuple(idx.shape)}")
+        raise UserError(f"token ids must have shape (batch, time), got {tuple(idx.shape)}")
     if start + idx.size(1) > cfg.context:
-        raise ValueError(
+        raise UserError(
             f"sequence of {start + idx.size(1)} tokens exceeds the model's context of {cfg.context} "
             "(crop the input or use a model with a longer context)"
         )
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
-        raise ValueError(
+        raise UserError(
             f"token ids must lie in [0, {cfg.vocab_size}), got range [{int(idx.min())}, {int(idx.max())}]"
             " (was the text encoded with this model's tokenizer?)"
         )

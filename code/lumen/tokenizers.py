@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from .errors import MissingFileError, UserError
+
 FILENAME = "tokenizer.json"
 SETTINGS = "tokenizer_config.json"  # beside a Hugging Face tokenizer.json: eos token, chat template
 
@@ -50,11 +52,11 @@ class Tokenizer:
         if path.is_dir():
             path = path / FILENAME
         if not path.is_file():
-            raise FileNotFoundError(f"no tokenizer at {path} (expected a {FILENAME} saved by lumen)")
+            raise MissingFileError(f"no tokenizer at {path} (expected a {FILENAME} saved by lumen)")
         state = json.loads(path.read_text())
         kind = state.pop("lumen_tokenizer", "hf")
         if kind not in _KINDS:
-            raise ValueError(f"{path}: unknown tokenizer kind {kind!r}; known: {', '.join(_KINDS)}")
+            raise UserError(f"{path}: unknown tokenizer kind {kind!r}; known: {', '.join(_KINDS)}")
         if kind != "hf":
             return _KINDS[kind]._from_state(state)
         tok = HFTokenizer._from_state(json.loads(path.read_text()))
@@ -84,7 +86,7 @@ class CharTokenizer(Tokenizer):
         try:
             return [self.index[c] for c in text]
         except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in this character vocabulary") from None
+            raise UserError(f"character {e.args[0]!r} is not in this character vocabulary") from None
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[i] for i in ids)
@@ -185,7 +187,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 2048) -> HFTokenizer:
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 257:
-        raise ValueError(f"a byte-level BPE needs vocab_size >= 257 (256 bytes + end-of-text), got {vocab_size}")
+        raise UserError(f"a byte-level BPE needs vocab_size >= 257 (256 bytes + end-of-text), got {vocab_size}")
     tok = _HF(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

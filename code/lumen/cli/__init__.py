@@ -9,6 +9,9 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
+
+from ..errors import LumenError, UserError
 
 # subcommand name -> module under lumen.cli that implements it
 COMMANDS = {
@@ -27,8 +30,9 @@ COMMANDS = {
 }
 
 
-class UserError(Exception):
-    """A mistake in what the user asked for: printed as one line, exit code 2."""
+__all__ = ["COMMANDS", "UserError", "build_parser", "main"]
+
+REPORT = "this is a bug in lumen, not in your input: please report it with the command you ran and the traceback above"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,15 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (UserError, ValueError, TypeError, FileNotFoundError, KeyError) as e:
+    except LumenError as e:  # what the user gave is wrong: one line, what and where and what to do
         if os.environ.get("LUMEN_DEBUG"):
             raise
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"lumen {args.command}: error: {msg}", file=sys.stderr)
+        print(f"lumen {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"lumen {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # anything else is lumen's own bug: show it whole
+        traceback.print_exc()
+        print(f"lumen {args.command}: internal error: {REPORT}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..errors import MissingFileError
 from . import UserError
 from .models import DTYPES, add_model_argument, load_model
 
@@ -25,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluate import evaluate
 
     if not args.text.is_file():
-        raise FileNotFoundError(f"no text file at {args.text}")
+        raise MissingFileError(f"no text file at {args.text}")
     try:
         text = args.text.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from .. import experiments
+from ..errors import UserError
 from ..experiments import EXPERIMENTS
 
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if args.threads < 0:
-        raise ValueError(f"--threads must be >= 0, got {args.threads}")
+        raise UserError(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.name == "list":

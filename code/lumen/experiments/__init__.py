@@ -18,6 +18,7 @@ from types import ModuleType
 
 import torch
 
+from ..errors import MissingFileError, UserError
 from ..files import write_text
 from .result import Result, Table
 
@@ -43,7 +44,7 @@ __all__ = ["EXPERIMENTS", "Result", "Table", "load_all", "module", "run", "run_a
 def module(name: str) -> ModuleType:
     """The module implementing experiment `name`, with a clear error for an unknown name."""
     if name not in EXPERIMENTS:
-        raise ValueError(f"unknown experiment {name!r}; choose one of: {', '.join(EXPERIMENTS)}, or all")
+        raise UserError(f"unknown experiment {name!r}; choose one of: {', '.join(EXPERIMENTS)}, or all")
     return importlib.import_module(f"lumen.experiments.{EXPERIMENTS[name]}")
 
 
@@ -94,7 +95,7 @@ def load_all(out: str | Path) -> list[Result]:
     """Every experiment's result as written into out/ (all must be there)."""
     missing = [n for n in EXPERIMENTS if not (Path(out) / n / "numbers.json").is_file()]
     if missing:
-        raise FileNotFoundError(f"no results for {', '.join(missing)} in {out} "
+        raise MissingFileError(f"no results for {', '.join(missing)} in {out} "
                                 f"(run `lumen experiment all --out {out}` first)")
     return [Result.load(Path(out) / n) for n in EXPERIMENTS]
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import MissingFileError
 from ..files import atomic_path, write_text
 
 
@@ -76,7 +77,7 @@ class Result:
         """A result as written by `write` (its figures stay on disk: `figures` maps stems to None)."""
         path = Path(folder) / "numbers.json"
         if not path.is_file():
-            raise FileNotFoundError(f"no experiment result at {path} (run `lumen experiment NAME --out ...` first)")
+            raise MissingFileError(f"no experiment result at {path} (run `lumen experiment NAME --out ...` first)")
         d = json.loads(path.read_text())
         return cls(d["name"], d["claim"], [Table(t["title"], t["columns"], t["rows"]) for t in d["tables"]],
                    d["verdict"], d["numbers"], dict.fromkeys(d.get("figures", [])), d["notes"], d["quick"],

@@ -14,6 +14,7 @@ import torch.nn as nn
 from ..attention import MultiHeadAttention
 from ..block import TransformerBlock, make_norm
 from ..config import ModelConfig
+from ..errors import UserError
 from ..model import GPT
 
 KINDS = ("residual", "plain", "plain-unnormed", "attention-only")
@@ -51,7 +52,7 @@ def build(cfg: ModelConfig, kind: str = "residual", residual_rule: bool = True) 
     0.02 / sqrt(number of writes) when residual_rule (a plain stack has no stream to protect, so its
     projections stay at 0.02)."""
     if kind not in KINDS:
-        raise ValueError(f"unknown stack kind {kind!r}; choose one of {', '.join(KINDS)}")
+        raise UserError(f"unknown stack kind {kind!r}; choose one of {', '.join(KINDS)}")
     model = GPT(cfg)
     if kind in ("plain", "plain-unnormed"):
         model.blocks = nn.ModuleList(PlainBlock(cfg.d_model, cfg.n_heads, cfg=cfg) for _ in range(cfg.n_layers))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import MissingFileError, UserError
 from ..model import GPT
 from ..tokenizers import Tokenizer
 
@@ -65,7 +66,7 @@ def _load(spec: str, device: str | torch.device, dtype: torch.dtype) -> tuple[GP
         return model, tok
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise FileNotFoundError(f"no GGUF file at {path}")
+            raise MissingFileError(f"no GGUF file at {path}")
         return gguf.load_gguf(path, device, dtype)
     if path.is_dir() and _is_hf_dir(path):
         from .hf import load_hf_dir
@@ -76,7 +77,7 @@ def _load(spec: str, device: str | torch.device, dtype: torch.dtype) -> tuple[GP
         from .checkpoint import load_run
 
         return load_run(path, device)
-    raise ValueError(f"unknown model {spec!r}: give {SPEC_FORMS}")
+    raise UserError(f"unknown model {spec!r}: give {SPEC_FORMS}")
 
 
 def _is_hf_dir(path: Path) -> bool:
@@ -87,14 +88,14 @@ def _is_hf_dir(path: Path) -> bool:
     try:
         return "model_type" in json.loads(config.read_text())
     except ValueError:
-        raise ValueError(f"{config} is not valid JSON (the directory is damaged; convert or save it again)") from None
+        raise UserError(f"{config} is not valid JSON (the directory is damaged; convert or save it again)") from None
 
 
 def chat_prompt(tok: Tokenizer, user_text: str) -> str:
     """The model's chat template (Jinja, sandboxed) applied to one user message, ready for the reply."""
     template = getattr(tok, "chat_template", None)
     if not template:
-        raise ValueError("this model's tokenizer has no chat template (drop --chat and give a plain prompt)")
+        raise UserError("this model's tokenizer has no chat template (drop --chat and give a plain prompt)")
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])

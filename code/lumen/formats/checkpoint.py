@@ -19,16 +19,14 @@ under a real name, and the previous checkpoints are never touched.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
+from ..errors import CheckpointError, MissingFileError
+from ..files import atomic_dir, recover_dir
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
 from ..tokenizers import Tokenizer
@@ -91,12 +89,12 @@ def resolve(path: str | Path) -> Path:
     """A checkpoint directory from a checkpoint or run directory (a run's best, else its latest)."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no such run or checkpoint: {path}")
+        raise MissingFileError(f"no such run or checkpoint: {path}")
     if is_checkpoint(path):
         return path
     found = best_checkpoint(path) or (checkpoints(path) or [None])[-1]
     if found is None:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{path} is neither a lumen checkpoint ({WEIGHTS} + {CONFIG}) nor a run directory with "
             f"{CHECKPOINTS}/{PREFIX}N inside (train one with `lumen train`)"
         )
@@ -122,7 +120,7 @@ def load_weights(model: GPT, state: dict[str, torch.Tensor], where: Path | str =
     tied = {"lm_head.weight"} if model.cfg.tie_embeddings else set()
     missing, unknown = expected - set(state) - tied, set(state) - expected
     if missing or unknown:
-        raise ValueError(
+        raise CheckpointError(
             f"{where}: weights do not match the config (missing {sorted(missing)[:4]}, unexpected "
             f"{sorted(unknown)[:4]}); was it saved from another model?"
         )
@@ -130,25 +128,10 @@ def load_weights(model: GPT, state: dict[str, torch.Tensor], where: Path | str =
         for name, t in model.state_dict().items():
             if name in state:
                 if t.shape != state[name].shape:
-                    raise ValueError(
+                    raise CheckpointError(
                         f"{where}: {name} has shape {tuple(state[name].shape)}, the config needs {tuple(t.shape)}"
                     )
                 t.copy_(state[name])
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file(path: Path, write: Callable[[Path], None]) -> None:
-    """Run write(path) and fsync the result (the caller writes into a temporary directory)."""
-    write(path)
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
 
 
 def save_checkpoint(
@@ -161,53 +144,26 @@ def save_checkpoint(
     """Write a checkpoint directory at path, atomically; an existing one there is replaced."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-{path.name}-"))
-    try:
-        raw = unwrap(model)
-        write_file(tmp / WEIGHTS, lambda p: save_file(model_state(raw), str(p), metadata={"format": "pt"}))
-        write_file(tmp / CONFIG, lambda p: raw.cfg.save(p))
+    raw = unwrap(model)
+    with atomic_dir(path) as tmp:
+        save_file(model_state(raw), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        raw.cfg.save(tmp / CONFIG)
         if tokenizer is not None:
-            write_file(tmp / TOKENIZER_FILE, lambda p: tokenizer.save(p.parent))
+            tokenizer.save(tmp)
         if trainer_state is not None:
-            write_file(tmp / TRAINER, lambda p: torch.save(trainer_state, p))
-        write_file(tmp / META, lambda p: p.write_text(json.dumps(meta or {}, indent=1) + "\n"))
-        fsync_dir(tmp)
-        if path.exists():  # replacing: move the old one aside first, then drop it
-            old = path.with_name(f".old-{path.name}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            torch.save(trainer_state, tmp / TRAINER)
+        (tmp / META).write_text(json.dumps(meta or {}, indent=1) + "\n")
     return path
 
 
 def clean_partial(run_dir: str | Path) -> None:
-    """After a crash: drop half-written checkpoints (.tmp-*); put back one that was being replaced (.old-*)."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return
-    for p in root.iterdir():
-        if p.name.startswith(".tmp-"):
-            shutil.rmtree(p, ignore_errors=True)
-        elif p.name.startswith(".old-"):
-            final = p.with_name(p.name[len(".old-"):])
-            if is_checkpoint(final):
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                os.replace(p, final)
+    """After a crash: drop half-written checkpoints; put back one that was being replaced."""
+    recover_dir(Path(run_dir) / CHECKPOINTS, is_checkpoint)
 
 
 def load_trainer_state(ckpt: str | Path) -> dict:
     """The optimizer/schedule/RNG/data state of a training checkpoint (tensors and plain values only)."""
     path = Path(ckpt) / TRAINER
     if not path.is_file():
-        raise FileNotFoundError(f"{ckpt} has no {TRAINER}: it holds weights only and cannot be resumed")
+        raise MissingFileError(f"{ckpt} has no {TRAINER}: it holds weights only and cannot be resumed")
     return torch.load(path, map_location="cpu", weights_only=True)

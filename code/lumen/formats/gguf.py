@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..config import ModelConfig
+from ..errors import MissingFileError, ModelFileError
 from ..tokenizers import HFTokenizer
 
 # GGUF tensor name (inside block i) -> lumen parameter name
@@ -49,7 +50,7 @@ PRE_TOKENIZERS = _GPT2_SPLIT + _DIGITS_THEN_GPT2 + _LLAMA3_SPLIT
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types for special and added tokens
 
 
-class GGUFError(ValueError):
+class GGUFError(ModelFileError):
     """A GGUF file lumen cannot read: the message says what is wrong and what to do."""
 
 
@@ -61,7 +62,7 @@ def open_gguf(path: str | Path):
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no GGUF file at {path}")
+        raise MissingFileError(f"no GGUF file at {path}")
     try:
         reader = GGUFReader(path)
     except Exception as e:  # the reader raises bare ValueError/IndexError/struct errors on damaged files

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
+from ..errors import MissingFileError, ModelFileError
 from ..model import GPT
 
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
@@ -34,7 +35,7 @@ def family(cfg: ModelConfig) -> str:
         return "gpt2"
     if (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement) == ("swiglu", "rmsnorm", "rope", "pre"):
         return "llama"
-    raise ValueError(
+    raise ModelFileError(
         f"config {cfg.name!r} matches no Hugging Face architecture: GPT-2 needs layernorm + mlp + learned positions + "
         "biases + pre-LN; Llama needs rmsnorm + swiglu + rope + pre-LN"
     )
@@ -66,9 +67,9 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
     if kind == "gpt2":
         act = c.get("activation_function", "gelu_new")
         if act not in GPT2_ACTIVATIONS:
-            raise ValueError(f"GPT-2 activation {act!r} is not supported; supported: {', '.join(GPT2_ACTIVATIONS)}")
+            raise ModelFileError(f"GPT-2 activation {act!r} is not supported; supported: {', '.join(GPT2_ACTIVATIONS)}")
         if c.get("scale_attn_by_inverse_layer_idx") or c.get("reorder_and_upcast_attn"):
-            raise ValueError(
+            raise ModelFileError(
                 "GPT-2 configs with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn are not supported"
             )
         return ModelConfig(
@@ -82,16 +83,18 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
         scaling = c.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", scaling.get("rope_type", "default"))
         if rope_type != "default":
-            raise ValueError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
+            raise ModelFileError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
         if c.get("mlp_bias"):
-            raise ValueError("Llama configs with mlp_bias=true are not supported (lumen's SwiGLU has no biases)")
+            raise ModelFileError("Llama configs with mlp_bias=true are not supported (lumen's SwiGLU has no biases)")
         if c.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"Llama hidden_act {c['hidden_act']!r} is not supported (only silu)")
+            raise ModelFileError(f"Llama hidden_act {c['hidden_act']!r} is not supported (only silu)")
         d, h = c["hidden_size"], c["num_attention_heads"]
         if c.get("head_dim") not in (None, d // h):
-            raise ValueError(f"head_dim {c['head_dim']} != hidden_size / num_attention_heads ({d // h}): not supported")
+            raise ModelFileError(
+                f"head_dim {c['head_dim']} != hidden_size / num_attention_heads ({d // h}): not supported"
+            )
         if c.get("sliding_window") and kind == "mistral":
-            raise ValueError("sliding-window attention is not supported")
+            raise ModelFileError("sliding-window attention is not supported")
         return ModelConfig(
             name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=d,
             n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
@@ -100,7 +103,9 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
             rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
             bias=bool(c.get("attention_bias", kind == "qwen2")), tie_embeddings=c.get("tie_word_embeddings", False),
         )
-    raise ValueError(f"Hugging Face model_type {kind!r} is not supported; supported: gpt2, llama (and mistral/qwen2)")
+    raise ModelFileError(
+        f"Hugging Face model_type {kind!r} is not supported; supported: gpt2, llama (and mistral/qwen2)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,7 +187,7 @@ def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
 
 def _need(hf: dict[str, torch.Tensor], key: str) -> torch.Tensor:
     if key not in hf:
-        raise ValueError(f"the Hugging Face weights have no tensor {key!r} (is config.json the right one?)")
+        raise ModelFileError(f"the Hugging Face weights have no tensor {key!r} (is config.json the right one?)")
     return hf[key]
 
 
@@ -202,11 +207,11 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
 
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json (expected a Hugging Face model directory)")
+        raise MissingFileError(f"{path} has no config.json (expected a Hugging Face model directory)")
     cfg = config_from_hf(json.loads((path / "config.json").read_text()), name=path.name)
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{path} has no *.safetensors weights (pickled .bin files are not read: convert them)")
+        raise MissingFileError(f"{path} has no *.safetensors weights (pickled .bin files are not read: convert them)")
     hf: dict[str, torch.Tensor] = {}
     for f in files:
         hf.update(load_file(str(f)))

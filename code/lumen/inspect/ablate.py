@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 import torch
 
+from ..errors import UserError
 from ..evaluate import evaluate
 from ..model import GPT
 from .cache import check_layer, delete_blocks
@@ -29,7 +30,7 @@ def deletion_table(model: GPT, windows: torch.Tensor, layers: Iterable[int] | No
 
     Returns {"baseline": loss, "rows": [{"layer", "loss", "delta"}, ...]} with delta = loss - baseline."""
     if windows.dim() != 2 or windows.size(1) < 2:
-        raise ValueError(f"windows must be token ids of shape (N, T) with T >= 2, got {tuple(windows.shape)}")
+        raise UserError(f"windows must be token ids of shape (N, T) with T >= 2, got {tuple(windows.shape)}")
     layers = range(len(model.blocks)) if layers is None else [check_layer(model, i) for i in layers]
     base = heldout_loss(model, windows)
     rows = []

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from ..block import PostLNBlock
+from ..errors import UserError
 from ..model import GPT, plain_attention
 
 PER_BLOCK = ("resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "resid_post", "attn_pattern")
@@ -52,7 +53,7 @@ def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
         return model.ln_f, "out"
     m = _BLOCK_NAME.match(name)
     if not m or m.group(2) not in PER_BLOCK:
-        raise KeyError(f"unknown activation {name!r}; names are embed, final and blocks.<i>.<{'|'.join(PER_BLOCK)}>")
+        raise UserError(f"unknown activation {name!r}; names are embed, final and blocks.<i>.<{'|'.join(PER_BLOCK)}>")
     i, kind = int(m.group(1)), m.group(2)
     check_layer(model, i)
     block = model.blocks[i]
@@ -77,7 +78,7 @@ def check_layer(model: GPT, layer: int) -> int:
     """layer itself if the model has a block with that index, else a clear ValueError."""
     n = len(model.blocks)
     if not 0 <= layer < n:
-        raise ValueError(f"layer {layer} is out of range: this model has blocks 0..{n - 1}")
+        raise UserError(f"layer {layer} is out of range: this model has blocks 0..{n - 1}")
     return layer
 
 
@@ -104,7 +105,7 @@ def hooks(model: GPT, fns: dict[str, Callable[[torch.Tensor], torch.Tensor | Non
             if new is None:
                 return None
             if readonly:
-                raise ValueError(f"{name} of a pre-LN block cannot be replaced in place "
+                raise UserError(f"{name} of a pre-LN block cannot be replaced in place "
                                  "(replace the block's attn_out or resid_pre instead)")
             return (new, *args[1:])
         return pre
@@ -130,7 +131,7 @@ class ActivationCache(dict):
         """One per-block activation of every cached block, in block order, stacked along a new first axis."""
         found = sorted((int(m.group(1)), k) for k in self if (m := _BLOCK_NAME.match(k)) and m.group(2) == kind)
         if not found:
-            raise KeyError(f"no blocks.<i>.{kind} in this cache (was it requested?)")
+            raise UserError(f"no blocks.<i>.{kind} in this cache (was it requested?)")
         return torch.stack([self[k] for _, k in found])
 
     def streams(self) -> torch.Tensor:
@@ -234,7 +235,7 @@ def replace_activation(
         ...     logits, _ = model(idx)
     """
     if _site(model, name)[1] == "pre_readonly":
-        raise ValueError(f"{name} of a pre-LN block cannot be replaced in place "
+        raise UserError(f"{name} of a pre-LN block cannot be replaced in place "
                          "(replace the block's attn_out or resid_pre instead)")
     fn = value if callable(value) else (lambda a: value.to(a.dtype).expand_as(a))
     with hooks(model, {name: fn}):

@@ -14,6 +14,7 @@ import random
 import torch
 
 from ..data import SHAKESPEARE_VALIDATION, read_corpus, split_documents
+from ..errors import UserError
 from ..tokenizers import Tokenizer
 
 SPLITS = ("train", "val")
@@ -26,9 +27,9 @@ def token_windows(
     """n windows of seq_len token ids (n, seq_len), each starting at a line start of a random passage of
     the split's documents (chosen in proportion to their length); deterministic for a seed."""
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+        raise UserError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if n < 1 or seq_len < 2:
-        raise ValueError(f"need at least one window of at least 2 tokens (got n={n}, seq_len={seq_len})")
+        raise UserError(f"need at least one window of at least 2 tokens (got n={n}, seq_len={seq_len})")
     docs = read_corpus(corpus)
     train, val = split_documents(docs, SHAKESPEARE_VALIDATION if corpus == "shakespeare" else None)
     docs = train if split == "train" else val
@@ -44,7 +45,7 @@ def token_windows(
         if len(ids) >= seq_len:
             windows.append(ids[:seq_len])
         elif len(text) < chars and len(ids) < seq_len:
-            raise ValueError(
+            raise UserError(
                 f"corpus {corpus!r} ({split}) is too short for windows of {seq_len} tokens (use a lower --seq-len)"
             )
     return torch.tensor(windows, dtype=torch.long)

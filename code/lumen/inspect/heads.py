@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UserError
 from ..model import GPT
 from .cache import run_with_cache
 
@@ -38,7 +39,7 @@ def positional_scores(model: GPT, idx: torch.Tensor) -> dict[str, torch.Tensor]:
     """Previous-token and first-token scores (n_layers, heads), averaged over queries 2..T-1 of idx (B, T)
     (from query 2 on, the previous and the first token are different keys)."""
     if idx.size(1) < 3:
-        raise ValueError(f"need windows of at least 3 tokens to score heads, got {idx.size(1)}")
+        raise UserError(f"need windows of at least 3 tokens to score heads, got {idx.size(1)}")
     a = patterns(model, idx)                                        # (L, B, H, T, T)
     prev = a.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:]         # (L, B, H, T-2): weight on key t-1
     first = a[..., 2:, 0]                                           # (L, B, H, T-2): weight on key 0
@@ -49,7 +50,7 @@ def positional_scores(model: GPT, idx: torch.Tensor) -> dict[str, torch.Tensor]:
 def induction_scores(model: GPT, n: int = 4, half: int = 32, seed: int = 0) -> torch.Tensor:
     """Induction score (n_layers, heads) on n random sequences of `half` tokens, each repeated once."""
     if 2 * half > model.cfg.context:
-        raise ValueError(f"repeated sequences of 2 x {half} tokens exceed the model's context of {model.cfg.context}")
+        raise UserError(f"repeated sequences of 2 x {half} tokens exceed the model's context of {model.cfg.context}")
     idx = repeated_random_tokens(model.cfg.vocab_size, n, half, seed).to(model.lm_head.weight.device)
     a = patterns(model, idx)                                        # (L, B, H, 2h, 2h)
     # query t (in the second copy, t >= half) -> key t - half + 1: the diagonal at offset -(half - 1)

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import UserError
 from ..model import GPT
 from .cache import run_with_cache
 
@@ -147,9 +148,9 @@ def logit_lens(
     if idx.dim() == 1:
         idx = idx[None]
     if idx.dim() != 2 or idx.size(0) != 1:
-        raise ValueError(f"logit_lens reads one prompt: ids of shape (T,) or (1, T), got {tuple(idx.shape)}")
+        raise UserError(f"logit_lens reads one prompt: ids of shape (T,) or (1, T), got {tuple(idx.shape)}")
     if idx.size(1) == 0:
-        raise ValueError("empty prompt: give at least one token")
+        raise UserError("empty prompt: give at least one token")
     lens = lens if lens is not None else LogitLens(model)
     logits, hs = streams(model, idx)
     hs = hs[:, 0]                                              # (layers, T, d)
@@ -202,6 +203,6 @@ def evaluate_lens(model: GPT, lens: Lens, batches: Iterable[torch.Tensor]) -> di
         ce_sum = ce if ce_sum is None else ce_sum + ce
         n_tokens += B * T1
     if not n_tokens:
-        raise ValueError("no held-out tokens to evaluate the lens on (give a longer corpus)")
+        raise UserError("no held-out tokens to evaluate the lens on (give a longer corpus)")
     kl, ce = (kl_sum / n_tokens).tolist(), (ce_sum / n_tokens).tolist()
     return {"kl": kl, "cross_entropy": ce, "perplexity": [float(torch.tensor(c).exp()) for c in ce]}

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..block import LayerNorm
+from ..errors import UserError
 from ..model import GPT
 from ..tokenizers import Tokenizer
 from .cache import capture, check_layer
@@ -35,7 +36,7 @@ def n_units(model: GPT, layer: int) -> int:
 def check_unit(model: GPT, layer: int, unit: int) -> int:
     n = n_units(model, layer)
     if not 0 <= unit < n:
-        raise ValueError(f"unit {unit} is out of range: block {layer}'s MLP has units 0..{n - 1}")
+        raise UserError(f"unit {unit} is out of range: block {layer}'s MLP has units 0..{n - 1}")
     return unit
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import MissingFileError, UserError
 from ..files import atomic_path
 from ..model import GPT
 from .lens import Lens, kl_to_final, streams
@@ -90,24 +91,24 @@ class TunedLens(Lens):
 
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"no tuned lens at {path} (train one with `lumen tuned-lens train MODEL`)")
+            raise MissingFileError(f"no tuned lens at {path} (train one with `lumen tuned-lens train MODEL`)")
         try:
             with safe_open(str(path), "pt") as f:
                 meta = f.metadata() or {}
         except Exception as e:  # safetensors raises its own error types for a damaged header
-            raise ValueError(f"{path} is not a safetensors tuned-lens file ({e})") from None
+            raise UserError(f"{path} is not a safetensors tuned-lens file ({e})") from None
         if meta.get("kind") != KIND:
-            raise ValueError(f"{path} is not a tuned lens saved by lumen (metadata kind {meta.get('kind')!r})")
+            raise UserError(f"{path} is not a tuned lens saved by lumen (metadata kind {meta.get('kind')!r})")
         lens = cls(model)
         if meta.get("unembedding_sha256") != lens.model_hash:
-            raise ValueError(
+            raise UserError(
                 f"{path} was trained for another model ({meta.get('model')}, {meta.get('n_layers')} layers): its "
                 "unembedding hash does not match this model's (train a lens for this model with "
                 "`lumen tuned-lens train MODEL --corpus ...`)"
             )
         state = load_file(str(path))
         if int(meta.get("n_layers", -1)) != lens.n_layers:
-            raise ValueError(f"{path} has {meta.get('n_layers')} translators; this model has {lens.n_layers} layers")
+            raise UserError(f"{path} has {meta.get('n_layers')} translators; this model has {lens.n_layers} layers")
         lens.translators.load_state_dict({k: v.to(model.lm_head.weight) for k, v in state.items()})
         return lens
 
@@ -128,7 +129,7 @@ def train_tuned_lens(
     only one layer's logits (B*T x vocab) are held at once. log(step, mean KL per layer) reports progress.
     """
     if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
+        raise UserError(f"steps must be at least 1, got {steps}")
     lens = lens if lens is not None else TunedLens(model)
     opt = torch.optim.Adam(lens.translators.parameters(), lr=lr)
     fresh = all(not t.lin.weight.detach().any() for t in lens.translators)
@@ -144,7 +145,7 @@ def train_tuned_lens(
             try:
                 idx = next(it)
             except StopIteration:
-                raise ValueError(
+                raise UserError(
                     f"the corpus ran out after {step} of {steps} steps (give more text or fewer steps)"
                 ) from None
             with torch.no_grad():

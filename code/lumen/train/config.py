@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..config import ModelConfig
 from ..data import TokenData, prepare
+from ..errors import ConfigError, MissingFileError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,15 +78,15 @@ class TrainConfig:
         positive = ("steps", "batch_size", "grad_accum", "log_interval", "eval_interval", "eval_windows", "vocab_size")
         for f in positive:
             if getattr(self, f) <= 0:
-                raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
+                raise ConfigError(f"{f} must be positive, got {getattr(self, f)}")
         for f in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup", "keep_last", "threads", "max_time",
                   "sample_tokens"):
             if getattr(self, f) < 0:
-                raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
+                raise ConfigError(f"{f} must be >= 0, got {getattr(self, f)}")
         if self.min_lr > self.lr:
-            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+            raise ConfigError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
         if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype must be auto, float32 or bfloat16; got {self.dtype!r}")
+            raise ConfigError(f"dtype must be auto, float32 or bfloat16; got {self.dtype!r}")
 
     @property
     def windows_per_step(self) -> int:
@@ -133,7 +134,7 @@ def check_types(obj: object) -> None:
     for name, tp in _hints(type(obj)).items():
         value = getattr(obj, name)
         if not _accepts(tp, value):
-            raise ValueError(f"{name} must be {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+            raise ConfigError(f"{name} must be {_type_name(tp)}, got {value!r} ({type(value).__name__})")
 
 
 def _model_hints() -> dict[str, object]:
@@ -185,7 +186,7 @@ def parse_value(text: str) -> object:
 def apply_set(raw: dict, assignment: str) -> None:
     """Apply one `key=value` (or `model.key=value`) to a raw config dict."""
     if "=" not in assignment:
-        raise ValueError(f"--set expects key=value, got {assignment!r}")
+        raise ConfigError(f"--set expects key=value, got {assignment!r}")
     key, value = assignment.split("=", 1)
     key = key.strip()
     target = raw
@@ -201,21 +202,21 @@ def from_dict(raw: dict, where: str = "config") -> tuple[TrainConfig, ModelConfi
     raw = dict(raw)
     model_raw = dict(raw.pop("model", {}) or {})
     if not isinstance(model_raw, dict):
-        raise ValueError(f"{where}: [model] must be a table of ModelConfig fields")
+        raise ConfigError(f"{where}: [model] must be a table of ModelConfig fields")
     valid = [f.name for f in dataclasses.fields(TrainConfig)]
     unknown = sorted(set(raw) - set(valid))
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}, and a [model] table")
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}, and a [model] table")
     cfg = TrainConfig(**raw)
     preset = model_raw.pop("preset", "baby-gpt")
     model_valid = [f.name for f in dataclasses.fields(ModelConfig)]
     unknown = sorted(set(model_raw) - set(model_valid))
     if unknown:
-        raise ValueError(f"{where}: unknown [model] key(s) {unknown}; valid: preset, {', '.join(model_valid)}")
+        raise ConfigError(f"{where}: unknown [model] key(s) {unknown}; valid: preset, {', '.join(model_valid)}")
     hints = _model_hints()
     for k, v in model_raw.items():
         if not _accepts(hints[k], v):
-            raise ValueError(f"{where}: model.{k} must be {_type_name(hints[k])}, got {v!r}")
+            raise ConfigError(f"{where}: model.{k} must be {_type_name(hints[k])}, got {v!r}")
     model_cfg = ModelConfig.from_name(preset).replace(**model_raw)
     return cfg, model_cfg
 
@@ -225,19 +226,19 @@ def load_config(
 ) -> tuple[TrainConfig, ModelConfig]:
     """The config of a preset, or of a TOML file (on top of the defaults), then `key=value` overrides."""
     if path is not None and preset is not None:
-        raise ValueError("give a preset or a config file, not both")
+        raise ConfigError("give a preset or a config file, not both")
     if preset is not None:
         if preset not in PRESETS:
-            raise ValueError(f"unknown training preset {preset!r}; choose one of: {', '.join(PRESETS)}")
+            raise ConfigError(f"unknown training preset {preset!r}; choose one of: {', '.join(PRESETS)}")
         raw, where = _deep_copy(PRESETS[preset]), f"preset {preset}"
     elif path is not None:
         p = Path(path)
         if not p.is_file():
-            raise FileNotFoundError(f"no config file {p} (give a TOML file or --preset {'|'.join(PRESETS)})")
+            raise MissingFileError(f"no config file {p} (give a TOML file or --preset {'|'.join(PRESETS)})")
         try:
             raw = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"{p}: not valid TOML ({e})") from None
+            raise ConfigError(f"{p}: not valid TOML ({e})") from None
         where = str(p)
     else:
         raw, where = {}, "config"
@@ -246,7 +247,7 @@ def load_config(
     try:
         return from_dict(raw, where)
     except TypeError as e:  # a missing/odd field the dataclass itself rejects
-        raise ValueError(f"{where}: {e}") from None
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _deep_copy(d: dict) -> dict:

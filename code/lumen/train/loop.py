@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from ..config import ModelConfig
 from ..data import TokenData
+from ..errors import TrainingError, UserError
 from ..files import write_text
 from ..formats import checkpoint as ckpt
 from ..model import COMPILE_OPTIONS, GPT, plain_attention
@@ -34,10 +35,6 @@ from . import distributed
 from .config import TrainConfig, to_toml
 from .optim import lr_at, make_optimizer
 from .speed import matmul_peak, training_flops_per_token
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (a NaN loss, a failed save): the message says what is kept and what to do."""
 
 
 @dataclass
@@ -116,7 +113,7 @@ class Trainer:
         if self.dist.active and self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)
         if cfg.grad_accum % self.dist.world:
-            raise ValueError(
+            raise UserError(
                 f"grad_accum ({cfg.grad_accum}) must be a multiple of the number of processes ({self.dist.world})"
             )
         self.micro_steps = cfg.grad_accum // self.dist.world  # this rank's micro-batches per step
@@ -133,7 +130,7 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         if model is not None and model.cfg != model_cfg:
-            raise ValueError(f"the model's vocab_size {model.cfg.vocab_size} differs from the tokenizer's "
+            raise UserError(f"the model's vocab_size {model.cfg.vocab_size} differs from the tokenizer's "
                              f"{self.tokenizer.vocab_size}")
         self.raw = (model if model is not None else GPT(model_cfg)).to(self.device)
         self.raw.train()
@@ -338,7 +335,7 @@ class Trainer:
         distributed.barrier(self.dist)
         found = ckpt.checkpoints(self.run_dir)
         if found and not resume:
-            raise ValueError(
+            raise UserError(
                 f"{self.run_dir} already holds checkpoints ({found[-1].name}); continue it with --resume "
                 f"or train into another directory (--set out_dir=...)"
             )
@@ -358,7 +355,7 @@ class Trainer:
 
         saved = ModelConfig.load(path / ckpt.CONFIG)
         if saved != self.model_cfg:
-            raise ValueError(f"{path} was trained with another model config; resume with the same [model] settings")
+            raise UserError(f"{path} was trained with another model config; resume with the same [model] settings")
         ckpt.load_weights(self.raw, {k: v.to(self.device) for k, v in load_file(str(path / ckpt.WEIGHTS)).items()},
                           path)
         state = ckpt.load_trainer_state(path)
@@ -420,7 +417,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA GPU (use device = \"cpu\")")
+        raise UserError(f"device {name!r} asked for, but torch sees no CUDA GPU (use device = \"cpu\")")
     return torch.device(name)
 
 
@@ -475,7 +472,7 @@ def check_cpp_compiler() -> None:
     try:
         cpp_builder.get_cpp_compiler()
     except Exception as e:  # inductor's InvalidCxxCompiler: none of g++, c++, $CXX runs
-        raise ValueError("compile=true on CPU needs a C++ compiler for torch.compile and none was found: "
+        raise UserError("compile=true on CPU needs a C++ compiler for torch.compile and none was found: "
                          "install one (apt-get install g++, or set CXX) or set compile=false") from e
 
 
