@@ -132,3 +132,39 @@ def test_every_buildable_preset_runs(name):
     loss.backward()
     assert logits.shape == (1, 8, cfg.vocab_size)
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_from_state_equals_the_model_it_was_taken_from():
+    """Every format loads through GPT.from_state: the result must compute what the original computes."""
+    for preset in ("baby-gpt", "baby-llama"):
+        torch.manual_seed(0)
+        model = GPT.from_preset(preset).eval()
+        state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight" or not model.cfg.tie_embeddings}
+        loaded = GPT.from_state(model.cfg, state)
+        ids = torch.randint(0, model.cfg.vocab_size, (2, 9))
+        torch.testing.assert_close(loaded(ids)[0], model(ids)[0], rtol=0, atol=0)
+        assert (loaded.lm_head.weight is loaded.tok_emb.weight) == model.cfg.tie_embeddings
+
+
+@pytest.mark.parametrize("damage", ["missing", "extra", "shape", "int", "nan", "layers"])
+def test_from_state_refuses_weights_that_do_not_fit(damage):
+    from lumen.errors import ModelFileError
+
+    model = GPT.from_preset("baby-llama")
+    state, cfg = dict(model.state_dict()), model.cfg
+    name = "blocks.0.attn.q.weight"
+    if damage == "missing":
+        del state[name]
+    elif damage == "extra":
+        state["blocks.0.attn.q.bias"] = torch.zeros(cfg.d_model)
+    elif damage == "shape":
+        state[name] = state[name][:, :-1]
+    elif damage == "int":
+        state[name] = state[name].to(torch.int32)
+    elif damage == "nan":
+        state[name] = state[name].clone()
+        state[name][0, 0] = float("nan")
+    else:
+        cfg = cfg.replace(n_layers=cfg.n_layers + 1)
+    with pytest.raises(ModelFileError, match="some/file"):
+        GPT.from_state(cfg, state, source="some/file")

@@ -30,10 +30,19 @@ class RoPE(nn.Module):
 
     def __init__(self, head_dim: int, context: int, theta: float = 10000.0):
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(context, dtype=torch.float32), inv_freq)  # (L, hd/2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.head_dim, self.context, self.theta = head_dim, context, theta
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self, device: torch.device | str | None = None) -> None:
+        """(Re)compute the cos/sin tables: they follow from the shape, so they are never stored
+        (a model built on the meta device gets real ones here)."""
+        device = device or self.cos.device
+        f32 = {"dtype": torch.float32, "device": device}
+        inv_freq = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, **f32) / self.head_dim)
+        angles = torch.outer(torch.arange(self.context, **f32), inv_freq)  # (L, hd/2)
+        self.cos, self.sin = angles.cos(), angles.sin()
 
     def forward(self, x: torch.Tensor, pos: int | torch.Tensor = 0) -> torch.Tensor:  # x: (B, h, T, hd)
         """pos: the position of x's first token, or the positions of all T tokens as a (T,) tensor."""

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .attention import KVCache
 from .block import TransformerBlock, make_norm
 from .config import ModelConfig
-from .errors import UserError
+from .errors import ModelFileError, UserError
 
 # torch.compile's options for lumen's models. Inductor writes tanh on CPU as a long vector polynomial;
 # as 2 / (1 + e^(-2u)) - 1, the same function, GELU's forward and backward run ~2x faster (a training
@@ -55,6 +55,63 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @classmethod
+    def from_state(
+        cls,
+        cfg: ModelConfig,
+        state: dict[str, torch.Tensor],
+        source: str = "the weights",
+        dtype: torch.dtype | None = torch.float32,
+    ) -> GPT:
+        """A model of `cfg` holding `state` (lumen's parameter names), in eval mode: the one way every
+        format (checkpoints, Hugging Face, GGUF) puts weights into a GPT.
+
+        Nothing is initialised and then overwritten: the model is built on the meta device, the tensors
+        are assigned (cast to `dtype` unless None), a tied unembedding is tied again, and derived buffers
+        (RoPE's tables) are computed. Weights that do not fit the config, are not floating point, or hold
+        NaN/inf raise a ModelFileError naming `source` (a file, for the message).
+
+            >>> m = GPT.from_preset("baby-gpt")
+            >>> GPT.from_state(m.cfg, m.state_dict()).cfg == m.cfg
+            True
+        """
+        tied = {"lm_head.weight"} if cfg.tie_embeddings else set()
+        # a cheap count first, so that a config claiming absurdly many blocks builds nothing
+        blocks = {k.split(".")[1] for k in state if k.startswith("blocks.")}
+        if len(blocks) != cfg.n_layers:
+            raise ModelFileError(
+                f"{source}: the weights hold {len(blocks)} blocks but the config says n_layers = {cfg.n_layers}; "
+                "the config and the weights belong to different models"
+            )
+        with torch.device("meta"):
+            model = cls(cfg)
+        expected = {k: v for k, v in model.state_dict().items() if k not in tied}
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected) - tied)
+        if missing or unexpected:
+            raise ModelFileError(
+                f"{source}: the weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]}); "
+                "were they saved from another model?"
+            )
+        for name, want in expected.items():
+            t = state[name]
+            if not t.is_floating_point():
+                raise ModelFileError(f"{source}: tensor {name} has dtype {t.dtype}; weights must be floating point")
+            if t.shape != want.shape:
+                raise ModelFileError(
+                    f"{source}: tensor {name} has shape {tuple(t.shape)} but the config needs {tuple(want.shape)}"
+                )
+            if not torch.isfinite(t).all():
+                raise ModelFileError(f"{source}: tensor {name} holds NaN or infinite values; the file is damaged")
+        model.load_state_dict(
+            {k: state[k].to(dtype) if dtype is not None else state[k] for k in expected}, strict=False, assign=True
+        )
+        if cfg.tie_embeddings:
+            model.lm_head.weight = model.tok_emb.weight
+        for m in model.modules():
+            if m is not model and hasattr(m, "reset_buffers"):
+                m.reset_buffers(model.tok_emb.weight.device)
+        return model.eval()
 
     @classmethod
     def from_preset(cls, name: str, **changes: object) -> GPT:

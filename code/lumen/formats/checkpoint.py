@@ -25,11 +25,12 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..errors import CheckpointError, MissingFileError
+from ..errors import MissingFileError
 from ..files import atomic_dir, recover_dir
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
 from ..tokenizers import Tokenizer
+from .weights import read_safetensors
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -103,35 +104,20 @@ def resolve(path: str | Path) -> Path:
 
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, Tokenizer | None]:
     """The model (in eval mode) and tokenizer of a run directory or one checkpoint directory."""
-    from safetensors.torch import load_file
-
     ckpt = resolve(path)
     cfg = ModelConfig.load(ckpt / CONFIG)
-    model = GPT(cfg)
-    load_weights(model, load_file(str(ckpt / WEIGHTS)), ckpt)
-    model.to(device).eval()
+    model = GPT.from_state(cfg, read_safetensors(ckpt / WEIGHTS), source=str(ckpt / WEIGHTS)).to(device)
     tok_path = ckpt / TOKENIZER_FILE
     return model, (Tokenizer.load(tok_path) if tok_path.is_file() else None)
 
 
 def load_weights(model: GPT, state: dict[str, torch.Tensor], where: Path | str = "checkpoint") -> None:
-    """Copy stored weights into model; a tied unembedding follows the embedding."""
-    expected = set(model.state_dict())
-    tied = {"lm_head.weight"} if model.cfg.tie_embeddings else set()
-    missing, unknown = expected - set(state) - tied, set(state) - expected
-    if missing or unknown:
-        raise CheckpointError(
-            f"{where}: weights do not match the config (missing {sorted(missing)[:4]}, unexpected "
-            f"{sorted(unknown)[:4]}); was it saved from another model?"
-        )
+    """Copy stored weights into an existing model in place (a resumed run's optimizer holds its
+    parameters); a tied unembedding follows the embedding. Checked as `GPT.from_state` checks."""
+    checked = GPT.from_state(unwrap(model).cfg, state, source=str(where), dtype=None)
     with torch.no_grad():
         for name, t in model.state_dict().items():
-            if name in state:
-                if t.shape != state[name].shape:
-                    raise CheckpointError(
-                        f"{where}: {name} has shape {tuple(state[name].shape)}, the config needs {tuple(t.shape)}"
-                    )
-                t.copy_(state[name])
+            t.copy_(checked.state_dict()[name])
 
 
 def save_checkpoint(

@@ -2,7 +2,7 @@
 `gguf` package, mapped onto lumen's Llama-family model; the tokenizer rebuilt as a `tokenizers` BPE.
 
     >>> cfg, state, tok = read_gguf(fetch("smollm2"))     # doctest: +SKIP
-    >>> model = GPT(cfg); model.load_state_dict(state)     # doctest: +SKIP
+    >>> model = GPT.from_state(cfg, state)                 # doctest: +SKIP
 
 Two things in a GGUF differ from the checkpoint it was converted from:
 - llama.cpp rotates (x[2i], x[2i+1]) pairs with RoPE, Hugging Face (and lumen) rotate (x[i], x[i + hd/2]);
@@ -19,6 +19,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import MissingFileError, ModelFileError
+from ..model import GPT
 from ..tokenizers import HFTokenizer
 
 # GGUF tensor name (inside block i) -> lumen parameter name
@@ -171,8 +172,6 @@ def state_from_gguf(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         elif name.endswith("attn.k.weight"):
             w = unpermute(w, cfg.kv_heads)
         state[name] = w
-    if cfg.tie_embeddings and "tok_emb.weight" in state:
-        state["lm_head.weight"] = state["tok_emb.weight"]
     return state
 
 
@@ -238,27 +237,6 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], H
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """A lumen GPT (eval mode) and its tokenizer from a GGUF file."""
-    from ..model import GPT
-
     cfg, state, tok = read_gguf(path)
-    with torch.device("meta"):
-        model = GPT(cfg)
-    expected = set(model.state_dict())
-    missing = sorted(expected - set(state))
-    if missing:
-        raise GGUFError(f"{Path(path).name} lacks tensors for {missing[:3]}{' ...' if len(missing) > 3 else ''}; "
-                        "the file is incomplete or not a Llama model")
-    model.load_state_dict(state, assign=True)
-    if cfg.tie_embeddings:
-        model.lm_head.weight = model.tok_emb.weight
-    _materialise_buffers(model, cfg)
+    model = GPT.from_state(cfg, state, source=Path(path).name)
     return model.to(device=device, dtype=dtype).eval(), tok
-
-
-def _materialise_buffers(model, cfg: ModelConfig) -> None:
-    """Non-persistent buffers (RoPE's cos/sin tables) were built on the meta device: rebuild them."""
-    from ..attention import RoPE
-
-    for block in model.blocks:
-        if block.attn.rope is not None:
-            block.attn.rope = RoPE(cfg.head_dim, cfg.context, cfg.rope_theta)

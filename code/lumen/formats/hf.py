@@ -20,6 +20,7 @@ import torch
 from ..config import ModelConfig
 from ..errors import MissingFileError, ModelFileError
 from ..model import GPT
+from .weights import read_safetensors
 
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
                     "silu": "silu", "swish": "silu"}
@@ -196,15 +197,12 @@ def _need(hf: dict[str, torch.Tensor], key: str) -> torch.Tensor:
 def from_hf_model(hf_model: torch.nn.Module) -> GPT:
     """A lumen GPT with the weights of a transformers GPT2LMHeadModel or LlamaForCausalLM."""
     cfg = config_from_hf(hf_model.config.to_dict(), name=hf_model.config.model_type)
-    model = GPT(cfg)
-    model.load_state_dict(from_hf({k: v.detach().float() for k, v in hf_model.state_dict().items()}, cfg))
-    return model.eval()
+    state = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
+    return GPT.from_state(cfg, from_hf(state, cfg), source=f"transformers {type(hf_model).__name__}")
 
 
 def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> GPT:
     """Load a Hugging Face-format directory (config.json + model.safetensors, or sharded safetensors)."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not (path / "config.json").is_file():
         raise MissingFileError(f"{path} has no config.json (expected a Hugging Face model directory)")
@@ -214,10 +212,8 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
         raise MissingFileError(f"{path} has no *.safetensors weights (pickled .bin files are not read: convert them)")
     hf: dict[str, torch.Tensor] = {}
     for f in files:
-        hf.update(load_file(str(f)))
-    model = GPT(cfg)
-    model.load_state_dict(from_hf(hf, cfg))
-    return model.to(device=device, dtype=dtype).eval()
+        hf.update(read_safetensors(f))
+    return GPT.from_state(cfg, from_hf(hf, cfg), source=str(path), dtype=dtype).to(device)
 
 
 def save_hf_dir(model: GPT, path: str | Path) -> Path:
