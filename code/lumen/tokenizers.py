@@ -37,6 +37,10 @@ class Tokenizer:
     def _state(self) -> dict:
         raise NotImplementedError
 
+    @classmethod
+    def _from_state(cls, state: dict) -> Tokenizer:
+        raise NotImplementedError
+
     def save(self, directory: str | Path) -> Path:
         """Write `tokenizer.json` into directory; returns its path."""
         path = Path(directory) / FILENAME

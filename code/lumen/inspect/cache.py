@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from ..block import PostLNBlock
+from ..block import PostLNBlock, TransformerBlock
 from ..errors import UserError
 from ..model import GPT, plain_attention
 
@@ -57,6 +57,7 @@ def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
     i, kind = int(m.group(1)), m.group(2)
     check_layer(model, i)
     block = model.blocks[i]
+    assert isinstance(block, TransformerBlock)
     post_ln = isinstance(block, PostLNBlock)
     if kind == "resid_pre":
         return block, "pre"
@@ -69,7 +70,8 @@ def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
     if kind == "attn_pattern":
         return block.attn.pattern, "out"
     if kind == "mlp_hidden":
-        return (block.mlp.w_down if hasattr(block.mlp, "w_down") else block.mlp.proj), "pre"
+        mlp = block.mlp
+        return (mlp.w_down if hasattr(mlp, "w_down") else mlp.proj), "pre"  # type: ignore[return-value]
     # resid_mid: pre-LN reads it through ln2; post-LN's ln1 produces it
     return (block.ln1, "out") if post_ln else (block.ln2, "pre_readonly")
 

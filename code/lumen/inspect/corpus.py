@@ -35,7 +35,7 @@ def token_windows(
     docs = train if split == "train" else val
     rng = random.Random(seed)
     weights = [len(d.text) for d in docs]
-    windows = []
+    windows: list[list[int]] = []
     chars = 8 * seq_len
     while len(windows) < n:
         text = rng.choices(docs, weights)[0].text

@@ -44,6 +44,8 @@ class Translator(nn.Module):
     scale only preconditions training, so that a few huge stream dimensions (the "massive activations"
     of Llama-style models) do not make every optimiser step on their column a thousand times larger."""
 
+    scale: torch.Tensor
+
     def __init__(self, d: int, device=None, dtype=None):
         super().__init__()
         self.lin = nn.Linear(d, d, device=device, dtype=dtype)
@@ -132,7 +134,7 @@ def train_tuned_lens(
         raise UserError(f"steps must be at least 1, got {steps}")
     lens = lens if lens is not None else TunedLens(model)
     opt = torch.optim.Adam(lens.translators.parameters(), lr=lr)
-    fresh = all(not t.lin.weight.detach().any() for t in lens.translators)
+    fresh = all(not t.get_parameter("lin.weight").detach().any() for t in lens.translators)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / steps)
     frozen = [(p, p.requires_grad) for p in model.parameters()]
     was_training = model.training
@@ -153,7 +155,7 @@ def train_tuned_lens(
                 final_logp = F.log_softmax(logits.float(), -1)
                 if step == 0 and fresh:   # the per-dimension scale of each layer's stream, set once
                     for t, h in zip(lens.translators, hs):
-                        t.scale.copy_(h.flatten(0, -2).pow(2).mean(0).sqrt().clamp_min(1e-6))
+                        t.get_buffer("scale").copy_(h.flatten(0, -2).pow(2).mean(0).sqrt().clamp_min(1e-6))
             opt.zero_grad(set_to_none=True)
             total = 0.0
             for layer in range(lens.n_layers):

@@ -98,7 +98,7 @@ class TrainConfig:
         return prepare(self.corpus, self.tokenizer, self.vocab_size, self.validation or None, self.val_fraction,
                        quiet=quiet)
 
-    def replace(self, **changes: object) -> TrainConfig:
+    def replace(self, **changes: typing.Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
