@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from ..formats import load
 from ..model import GPT
 from ..tokenizers import Tokenizer
 from .fit import History, shakespeare, train_lm
@@ -21,8 +22,6 @@ TRAINED: dict[bool, dict[str, Any]] = {False: dict(layers=4, d=96, heads=4, cont
 @lru_cache(maxsize=1)
 def smollm2() -> tuple[GPT, Tokenizer]:
     """SmolLM2-135M in lumen (fp32, eval mode) and its tokenizer, loaded once."""
-    from ..formats import load
-
     loaded = load("smollm2")
     assert loaded.tokenizer is not None  # SmolLM2's GGUF file carries its tokenizer
     return loaded.model.eval(), loaded.tokenizer

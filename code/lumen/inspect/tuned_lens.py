@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from ..errors import MissingFileError, UserError
 from ..files import atomic_path
@@ -75,8 +77,6 @@ class TunedLens(Lens):
 
     def save(self, path: str | Path) -> Path:
         """Write the translators and the model's read-out hash to one safetensors file, atomically."""
-        from safetensors.torch import save_file
-
         meta = {"kind": KIND, "unembedding_sha256": self.model_hash, "n_layers": str(self.n_layers),
                 "d_model": str(self.model.cfg.d_model),
                 "model": self.model.cfg.name}
@@ -88,9 +88,6 @@ class TunedLens(Lens):
     @classmethod
     def load(cls, path: str | Path, model: GPT) -> TunedLens:
         """A saved lens, attached to `model`; a clear error if it was trained for another model."""
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
         path = Path(path)
         if not path.is_file():
             raise MissingFileError(f"no tuned lens at {path} (train one with `lumen tuned-lens train MODEL`)")

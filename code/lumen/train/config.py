@@ -17,6 +17,7 @@ ModelConfig fields to change (vocab_size comes from the tokenizer).
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import types
 import typing
@@ -268,8 +269,6 @@ def to_toml(cfg: TrainConfig, model_cfg: ModelConfig) -> str:
 
 
 def _toml_value(v: object) -> str:
-    import json
-
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
