@@ -2,7 +2,17 @@
 PNG figures.
 
     >>> r = Result("init-scaling", claim="...", tables=[Table("", ["blocks", "variance"], [[48, 1.0]])])
-    >>> print(r.markdown())                                   # doctest: +SKIP
+    >>> print(r.markdown())
+    ## init-scaling
+    <BLANKLINE>
+    *Claim:* ...
+    <BLANKLINE>
+    | blocks | variance |
+    |---|---|
+    | 48 | 1 |
+    <BLANKLINE>
+    <sub>full size, seed 0, 0 s</sub>
+    <BLANKLINE>
 """
 
 from __future__ import annotations

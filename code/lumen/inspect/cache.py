@@ -12,9 +12,11 @@ Every activation has a stable name (the stream after the embedding, and per bloc
     blocks.i.attn_pattern   the attention weights (B, heads, T, S)
     final                   the final-normed stream that the unembedding reads
 
-    >>> logits, cache = run_with_cache(model, idx)            # doctest: +SKIP
-    >>> cache["blocks.3.resid_post"].shape                     # doctest: +SKIP
-    torch.Size([1, 8, 768])
+    >>> from lumen import ModelConfig
+    >>> model = GPT(ModelConfig.from_name("baby-gpt"))        # 6 blocks, d_model 384
+    >>> logits, cache = run_with_cache(model, torch.zeros(1, 8, dtype=torch.long))
+    >>> cache["blocks.3.resid_post"].shape, cache["blocks.3.attn_pattern"].shape
+    (torch.Size([1, 8, 384]), torch.Size([1, 6, 8, 8]))
 
 Hooks are added for one call and removed afterwards: a model that is not being inspected runs exactly
 the code it always runs. Nothing here changes the model's arithmetic.

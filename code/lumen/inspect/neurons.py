@@ -7,7 +7,7 @@ its value (row i of W2) into the stream. So a neuron has two faces:
     reads the stream: through the final norm's gain and the unembedding.
 
     >>> value_tokens(model, tok, layer=20, unit=17)          # doctest: +SKIP
-    >>> scan_layer(model, tok, windows, layer=20)[:5]        # the units with the clearest triggers
+    >>> scan_layer(model, tok, windows, layer=20)[:5]   # the clearest triggers  # doctest: +SKIP
 """
 
 from __future__ import annotations
