@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo test lint bench
+.PHONY: all setup demo test test-fast lint typecheck bench
 
 all: demo
 
@@ -30,11 +30,19 @@ setup: $(BIN)/lumen
 demo: setup
 	$(BIN)/lumen train --preset shakespeare --resume
 
-test: setup
+# the full suite, after the linter and the type checker (CI runs this, via .ci/run)
+test: lint typecheck
 	$(BIN)/python -m pytest -q
+
+# the inner loop: everything but the slow tests (real model, subprocesses, training runs)
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check code tests bench
+
+typecheck: setup
+	$(BIN)/mypy
 
 # speed against Hugging Face, measured in one run each (numbers in the README)
 bench: setup

@@ -60,7 +60,7 @@ def contender(impl: str, bf16: bool, compiled: bool, args: argparse.Namespace):
     device = torch.device(args.device)
     cfg, model, loss_of = build(impl, args)
     model.to(device).train()
-    opt = make_optimizer(model, 1e-4, 0.1, (0.9, 0.95), device)
+    opt = make_optimizer(model, 1e-4, 0.1, (0.9, 0.95))
     if impl == "lumen":  # as lumen.train.loop takes a step: its compile options, settings and attention path
         fwd = torch.compile(loss_of, options=COMPILE_OPTIONS) if compiled else loss_of
         run = TrainConfig(device=args.device, compile=compiled, threads=args.threads, save=False)

@@ -89,7 +89,7 @@ def speed(repo: Path, rounds: int = 4, steps: int = 3) -> None:
     theirs = GPT(GPTConfig(block_size=T, vocab_size=V, n_layer=L, n_head=H, n_embd=D, dropout=0.0, bias=True))
     ours = Lumen(ModelConfig(vocab_size=V, context=T, d_model=D, n_layers=L, n_heads=H))
     runs = {"nanoGPT fp32": (theirs, theirs.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu"), False),
-            "lumen fp32": (ours, make_optimizer(ours, 1e-3, 0.1, (0.9, 0.99), torch.device("cpu")), False)}
+            "lumen fp32": (ours, make_optimizer(ours, 1e-3, 0.1, (0.9, 0.99)), False)}
     runs["lumen bf16"] = (ours, runs["lumen fp32"][1], True)
     x, y = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
 

@@ -76,3 +76,14 @@ def smollm2_hf_tokenizer(smollm2_gguf):
     transformers = pytest.importorskip("transformers")
     transformers.utils.logging.set_verbosity_error()
     return transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+
+
+# the real model's fixtures: a test that loads SmolLM2 (in lumen or in transformers) is a slow test
+REAL_MODEL = {"smollm2", "smollm2_loaded", "smollm2_tokenizer", "smollm2_hf", "smollm2_hf_tokenizer"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test-fast` (-m "not slow") skips every test that loads the real model, marked or not."""
+    for item in items:
+        if REAL_MODEL & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -71,7 +71,8 @@ def count(cfg: ModelConfig) -> Count:
 def count_module(model: nn.Module) -> Count:
     """Count a built GPT's parameters by component."""
     groups = dict(embedding=0, positions=0, attention=0, mlp=0, norms=0, unembedding=0)
-    matmul = model.lm_head.weight.numel()  # the unembedding is a matmul even when tied to the lookup table
+    # the unembedding is a matmul even when tied to the lookup table
+    matmul = model.get_parameter("lm_head.weight").numel()
     for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
         n = p.numel()
         if p.dim() == 2 and (".attn." in name or ".mlp." in name):

@@ -11,6 +11,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
 
@@ -104,7 +105,7 @@ class ModelConfig:
             raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
         return PRESETS[name]
 
-    def replace(self, **changes: object) -> ModelConfig:
+    def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - fields)
@@ -135,8 +136,8 @@ def _gpt2(name: str, d: int, n_layers: int, n_heads: int) -> ModelConfig:
     return ModelConfig(name=name, d_model=d, n_layers=n_layers, n_heads=n_heads)
 
 
-def _llama(name: str, **kw: object) -> ModelConfig:
-    base = dict(
+def _llama(name: str, **kw: Any) -> ModelConfig:
+    base: dict[str, Any] = dict(
         mlp="swiglu", activation="silu", norm="rmsnorm", positions="rope", bias=False, name=name
     )
     base.update(kw)

@@ -25,6 +25,7 @@ import torch
 
 from .errors import CorpusError, MissingFileError
 from .fetch import cache_dir, fetch
+from .formats.gguf import metadata, open_gguf, tokenizer_from_gguf
 from .tokenizers import FILENAME as TOKENIZER_FILE
 from .tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, train_bpe
 
@@ -112,8 +113,6 @@ def make_tokenizer(kind: str, train: list[Document], all_docs: list[Document], v
     if kind == "bpe":
         return train_bpe((d.text for d in train), vocab_size)
     if kind == "smollm2":  # SmolLM2's own 49,152-token BPE, read from its GGUF file
-        from .formats.gguf import metadata, open_gguf, tokenizer_from_gguf
-
         return tokenizer_from_gguf(metadata(open_gguf(fetch("smollm2"))))
     if Path(kind).exists():
         return Tokenizer.load(kind)

@@ -20,8 +20,8 @@ from .config import ModelConfig
 from .errors import ModelFileError, UserError
 
 # torch.compile's options for lumen's models. Inductor writes tanh on CPU as a long vector polynomial;
-# as 2 / (1 + e^(-2u)) - 1, the same function, GELU's forward and backward run ~2x faster (a training
-# step ~4%), accurate to fp32 rounding. Other devices ignore it.
+# as 2 / (1 + e^(-2u)) - 1, the same function, GELU's forward and backward are much cheaper, accurate to
+# fp32 rounding (the gain is in the README's Speed section). Other devices ignore it.
 COMPILE_OPTIONS = {"cpp.use_decompose_tanh": True}
 
 
@@ -201,7 +201,7 @@ class GPT(nn.Module):
         """This model's forward pass compiled by torch.compile, once per model; called like the model.
         Shapes are static (one graph per input shape, so a KV cache keeps every slot and takes the
         position as a tensor): decoding one token at a time compiles once. Eager decoding spends
-        several milliseconds per token launching ~500 small operations; compiled, the norms,
+        much of each token launching hundreds of small operations; compiled, the norms,
         rotations and attention become a few fused kernels around the matrix products (and, with
         packed CPU weights, a one-token step's products are fused loops too: `lumen.packing`). The
         weights stay inputs of the graph, so changing them needs no recompile."""

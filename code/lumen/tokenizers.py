@@ -12,6 +12,9 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from tokenizers import Tokenizer as _HF
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
 from .errors import MissingFileError, UserError
 
 FILENAME = "tokenizer.json"
@@ -35,6 +38,10 @@ class Tokenizer:
         raise NotImplementedError
 
     def _state(self) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def _from_state(cls, state: dict) -> Tokenizer:
         raise NotImplementedError
 
     def save(self, directory: str | Path) -> Path:
@@ -166,8 +173,6 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def _from_state(cls, state: dict) -> HFTokenizer:
-        from tokenizers import Tokenizer as _HF
-
         tok = _HF.from_str(json.dumps(state))
         return cls(tok, EOS if tok.token_to_id(EOS) is not None else None)
 
@@ -183,9 +188,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 2048) -> HFTokenizer:
         >>> tok.decode(tok.encode("to be"))
         'to be'
     """
-    from tokenizers import Tokenizer as _HF
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
     if vocab_size < 257:
         raise UserError(f"a byte-level BPE needs vocab_size >= 257 (256 bytes + end-of-text), got {vocab_size}")
     tok = _HF(models.BPE())

@@ -23,8 +23,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' precision (default float32)")
     p.add_argument("--compile", action="store_true",
-                   help="compile the decoding step with torch.compile: ~3x faster per token on CPU (SmolLM2), "
-                        "after ~1 minute of compiling the first time, ~10 s once cached (needs a C++ compiler)")
+                   help="compile the decoding step with torch.compile: several times faster per token on CPU, "
+                        "after a one-time compile (about a minute; cached after) (needs a C++ compiler)")
     return p
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -29,10 +30,12 @@ CLAIM = ("Per block attention is 4d^2 and the MLP 8d^2 (12d^2); a forward pass c
 
 # FlopCounterMode on the meta device runs every op through Python, so the quick size measures the small
 # presets only (the formula rows for the large ones are the same code)
-SIZES = {False: dict(contexts=[2**k for k in range(7, 16)], context=1024, presets=tuple(PRESETS),
-                     sweep=("gpt2", "smollm2-135m", "llama3-70b")),
-         True: dict(contexts=[256, 8192], context=1024, presets=("gpt2", "baby-gpt", "baby-llama", "smollm2-135m"),
-                    sweep=("gpt2", "smollm2-135m"))}
+SIZES: dict[bool, dict[str, Any]] = {
+    False: dict(contexts=[2**k for k in range(7, 16)], context=1024, presets=tuple(PRESETS),
+                sweep=("gpt2", "smollm2-135m", "llama3-70b")),
+    True: dict(contexts=[256, 8192], context=1024, presets=("gpt2", "baby-gpt", "baby-llama", "smollm2-135m"),
+               sweep=("gpt2", "smollm2-135m")),
+}
 
 
 @contextmanager

@@ -3,6 +3,8 @@ ReLU units are dead (never positive on a batch)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..config import ModelConfig
@@ -16,7 +18,7 @@ CLAIM = ("ReLU's hard corner gives exactly zero gradient below zero, so units ca
          "smooth and train a little more smoothly; in practice the three give similar results. SwiGLU with "
          "d_ff = 8/3 d has the same parameters as a 4d MLP.")
 
-SIZES = {
+SIZES: dict[bool, dict[str, Any]] = {
     False: dict(d=96, layers=3, steps=300, batch=16, lr=2e-3, eval_windows=64, dead_batch=64),
     True: dict(d=48, layers=2, steps=30, batch=8, lr=2e-3, eval_windows=16, dead_batch=16),
 }
@@ -39,7 +41,7 @@ def run(quick: bool, seed: int) -> Result:
     data = shakespeare()
     T, d = 64, s["d"]
     x, _ = sample_batch(data, "val", s["dead_batch"], T, seed)
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for label, (mlp, act, mult) in VARIANTS.items():
         cfg = ModelConfig(vocab_size=data.tokenizer.vocab_size, context=T, d_model=d, n_layers=s["layers"], n_heads=4,
                           mlp=mlp, activation=act, d_ff=round(mult * d), bias=False)
@@ -59,7 +61,7 @@ def run(quick: bool, seed: int) -> Result:
                   ["MLP", "parameters", "train loss", "val loss", "dead ReLU units at init", "dead after training"],
                   rows)
     vals = {k: r["hist"].final_val for k, r in results.items()}
-    best, worst = min(vals, key=vals.get), max(vals, key=vals.get)
+    best, worst = min(vals, key=vals.__getitem__), max(vals, key=vals.__getitem__)
     relu = results["ReLU"]
     same_params = len({r["params"] for r in results.values()}) == 1
     verdict = (f"Validation losses span {vals[worst] - vals[best]:.3f} nats (best {best} {vals[best]:.3f}, worst "

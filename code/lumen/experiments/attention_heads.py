@@ -3,6 +3,8 @@ for SmolLM2 and a small trained lumen model. Are early heads mostly positional a
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..inspect import head_scores
@@ -15,8 +17,8 @@ NAME = "attention-heads"
 CLAIM = ("Early layers' attention heads are mostly positional (previous-token, first-token); induction heads (copy "
          "what came after this token last time) tend to sit in the middle layers.")
 
-SIZES = {False: dict(windows=8, seq_len=128, n_random=8, half=48), True: dict(windows=2, seq_len=48, n_random=2,
-                                                                              half=16)}
+SIZES: dict[bool, dict[str, Any]] = {False: dict(windows=8, seq_len=128, n_random=8, half=48),
+                                     True: dict(windows=2, seq_len=48, n_random=2, half=16)}
 THRESHOLD = 0.4
 KINDS = ("previous_token", "first_token", "induction")
 

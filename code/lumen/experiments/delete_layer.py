@@ -3,6 +3,8 @@ trained lumen model. The residual picture predicts that a middle layer can go wi
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..inspect import deletion_table
 from ..inspect.corpus import token_windows
 from .result import Result, Table, figure
@@ -12,7 +14,8 @@ NAME = "delete-layer"
 CLAIM = ("Because every block only adds to the stream, deleting a middle layer of a trained transformer degrades it "
          "only mildly: the stream survives without that layer's write.")
 
-SIZES = {False: dict(windows=4, seq_len=128, char_windows=32), True: dict(windows=2, seq_len=32, char_windows=8)}
+SIZES: dict[bool, dict[str, Any]] = {False: dict(windows=4, seq_len=128, char_windows=32),
+                                     True: dict(windows=2, seq_len=32, char_windows=8)}
 
 
 def summary(table: dict) -> dict:

@@ -3,10 +3,12 @@ the gradient reaching the first layer at initialisation, and the loss after a fi
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..config import ModelConfig
-from .fit import grad_norms, sample_batch, shakespeare, train_lm, unigram_loss
+from .fit import History, grad_norms, sample_batch, shakespeare, train_lm, unigram_loss
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -15,7 +17,7 @@ CLAIM = ("Stacking plain layers x = f(x) makes deep networks untrainable: the gr
          "of Jacobians and vanishes (or explodes), so a deeper plain stack trains worse; the residual add "
          "(gradient I + df/dx) keeps a clean signal at any depth.")
 
-SIZES = {
+SIZES: dict[bool, dict[str, Any]] = {
     False: dict(grad_depths=[2, 4, 8, 16, 32], train_depths=[2, 8, 32], d=64, steps=100, batch=16, eval_windows=64),
     True: dict(grad_depths=[2, 8, 32], train_depths=[2, 8], d=32, steps=20, batch=8, eval_windows=16),
 }
@@ -37,7 +39,7 @@ def run(quick: bool, seed: int) -> Result:
             torch.manual_seed(seed)
             grads[kind][n] = grad_norms(build(cfg(n), kind), x, y)
 
-    runs: dict[str, dict[int, object]] = {"residual": {}, "plain": {}}
+    runs: dict[str, dict[int, History]] = {"residual": {}, "plain": {}}
     for kind in runs:
         for n in s["train_depths"]:
             torch.manual_seed(seed)

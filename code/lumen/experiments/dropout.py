@@ -3,6 +3,8 @@ small slice of it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..config import ModelConfig
@@ -14,7 +16,7 @@ NAME = "dropout"
 CLAIM = ("Dropout is a regulariser: it helps only when the model sees the same data repeatedly (small data, many "
          "epochs); trained once over fresh data there is nothing to memorise and it only slows learning.")
 
-SIZES = {
+SIZES: dict[bool, dict[str, Any]] = {
     False: dict(d=128, layers=4, steps=500, batch=16, lr=2e-3, eval_windows=64, slice_tokens=5_000, evals=5),
     True: dict(d=64, layers=2, steps=60, batch=8, lr=3e-3, eval_windows=16, slice_tokens=2_000, evals=3),
 }

@@ -67,7 +67,7 @@ def fit(
 
     batch(step) gives the step's (inputs, targets); evaluate(model) a validation loss, called every
     `eval_every` steps and at the end. A NaN or inf loss stops training and marks the history diverged."""
-    opt = make_optimizer(model, lr, weight_decay, (0.9, 0.95), torch.device("cpu"))
+    opt = make_optimizer(model, lr, weight_decay, (0.9, 0.95))
     min_lr = lr / 10 if min_lr is None else min_lr
     hist = History()
     model.train()

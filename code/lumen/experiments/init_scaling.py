@@ -3,6 +3,8 @@ GPT-2's 1/sqrt(2N) rule for the matrices that write into the stream, and what it
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..config import ModelConfig
@@ -15,7 +17,7 @@ CLAIM = ("Without the rule each of the 2N writes adds ~sigma^2 to the stream's v
          "grown ~96-fold (a factor sqrt(96) ~ 10 in size); scaling W_O and W_2 by 1/sqrt(2N) keeps the stream the "
          "same size from the first block to the last.")
 
-SIZES = {
+SIZES: dict[bool, dict[str, Any]] = {
     # stream: the 48-block model measured at init; train: a deeper-than-usual model trained briefly both ways
     False: dict(n_layers=48, d_model=128, batch=8, context=64, train_layers=16, train_d=64, steps=120, eval_windows=64),
     True: dict(n_layers=48, d_model=128, batch=4, context=32, train_layers=8, train_d=32, steps=15, eval_windows=16),

@@ -3,6 +3,8 @@ hardest (its key) and the tokens its value vector promotes (Geva et al. 2021).""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..inspect import scan_layer
 from ..inspect.corpus import token_windows
 from .result import Result, Table, figure
@@ -13,8 +15,8 @@ CLAIM = ("Each MLP hidden unit is a key (a pattern in the input it responds to) 
          "the prediction toward specific next tokens): individual units respond to recognisable patterns, and their "
          "values promote related tokens.")
 
-SIZES = {False: dict(layers=[8, 22], windows=32, seq_len=128, show=4), True: dict(layers=[22], windows=4, seq_len=64,
-                                                                                  show=3)}
+SIZES: dict[bool, dict[str, Any]] = {False: dict(layers=[8, 22], windows=32, seq_len=128, show=4),
+                                     True: dict(layers=[22], windows=4, seq_len=64, show=3)}
 
 
 def run(quick: bool, seed: int) -> Result:

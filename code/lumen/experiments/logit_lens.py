@@ -5,6 +5,8 @@ become top-1?"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..inspect import logit_lens
@@ -41,7 +43,8 @@ def is_filler(token: str) -> bool:
     return not any(c.isalnum() for c in t) or t in FUNCTION_WORDS
 
 
-SIZES = {False: dict(prompts=len(PROMPTS), windows=8, seq_len=128), True: dict(prompts=4, windows=2, seq_len=48)}
+SIZES: dict[bool, dict[str, Any]] = {False: dict(prompts=len(PROMPTS), windows=8, seq_len=128),
+                                     True: dict(prompts=4, windows=2, seq_len=48)}
 
 
 def settled(top1: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
@@ -89,15 +92,15 @@ def run(quick: bool, seed: int) -> Result:
     windows = token_windows(ctok, "shakespeare", "val", n=s["windows"], seq_len=min(s["seq_len"], cm.cfg.context),
                             seed=seed)
     cn = len(cm.blocks)
-    c_first, c_settled, c_answer, c_copy = [], [], torch.zeros(cn + 1), torch.zeros(cn + 1)
+    first_parts, settled_parts, c_answer, c_copy = [], [], torch.zeros(cn + 1), torch.zeros(cn + 1)
     for w in windows:
         r = logit_lens(cm, w, k=1)
         top1 = r.top_ids[..., 0]                                   # (layers + 1, T)
-        c_first.append(first(top1, top1[-1]).float())
-        c_settled.append(settled(top1, top1[-1]).float())
+        first_parts.append(first(top1, top1[-1]).float())
+        settled_parts.append(settled(top1, top1[-1]).float())
         c_answer += (top1 == top1[-1]).float().mean(1)
         c_copy += (top1 == w).float().mean(1)
-    c_first, c_settled = torch.cat(c_first), torch.cat(c_settled)
+    c_first, c_settled = torch.cat(first_parts), torch.cat(settled_parts)
     c_answer /= len(windows)
     c_copy /= len(windows)
     mean_first = sum(first_layers) / len(first_layers)

@@ -4,6 +4,8 @@ validation-loss gap of attention-only against full blocks on Shakespeare."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -17,7 +19,7 @@ NAME = "mixing"
 CLAIM = ("Attention outputs are convex combinations of value vectors: mixing is not thinking. A new nonlinear feature "
          "of a token (here: the XOR of two of its features) is out of reach for attention alone and easy with the MLP.")
 
-SIZES = {
+SIZES: dict[bool, dict[str, Any]] = {
     False: dict(features=4, context=16, d=64, layers=2, steps=400, batch=32, lm_layers=4, lm_d=96, lm_steps=300,
                 lm_batch=16, eval_windows=64),
     True: dict(features=4, context=16, d=32, layers=2, steps=100, batch=16, lm_layers=2, lm_d=32, lm_steps=30,

@@ -3,6 +3,8 @@ with and without learning-rate warm-up; and the per-layer gradient norms at init
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..config import ModelConfig
@@ -15,7 +17,7 @@ CLAIM = ("Post-LN puts the norm on the residual highway: its gradients are uneve
          "at the bottom), it needs learning-rate warm-up and becomes unstable deep; pre-LN keeps the highway clean "
          "and trains without warm-up at any depth.")
 
-SIZES = {
+SIZES: dict[bool, dict[str, Any]] = {
     False: dict(depths=[2, 6, 12], d=64, steps=150, warmup=30, lr=1e-3, batch=16, eval_windows=64, grad_depth=12),
     True: dict(depths=[2, 6], d=32, steps=20, warmup=5, lr=1e-3, batch=8, eval_windows=16, grad_depth=6),
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -16,7 +17,7 @@ NAME = "norms"
 CLAIM = ("RMSNorm drops LayerNorm's mean subtraction and bias: it is cheaper (one pass over the vector instead of two) "
          "and trains just as well.")
 
-SIZES = {
+SIZES: dict[bool, dict[str, Any]] = {
     False: dict(d=96, layers=4, steps=300, batch=16, lr=2e-3, eval_windows=64, norm_reps=200),
     True: dict(d=48, layers=2, steps=30, batch=8, lr=2e-3, eval_windows=16, norm_reps=20),
 }

@@ -4,25 +4,26 @@ trained on Shakespeare here. Each is made once per process and shared by the exp
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import torch
 
 from ..config import ModelConfig
+from ..formats import load
 from ..model import GPT
 from ..tokenizers import Tokenizer
 from .fit import History, shakespeare, train_lm
 
 # the trained lumen model: characters, as `lumen train --preset shakespeare` but smaller and shorter
-TRAINED = {False: dict(layers=4, d=96, heads=4, context=128, steps=400, batch=16, lr=2e-3),
-           True: dict(layers=2, d=64, heads=4, context=64, steps=60, batch=8, lr=3e-3)}
+TRAINED: dict[bool, dict[str, Any]] = {False: dict(layers=4, d=96, heads=4, context=128, steps=400, batch=16, lr=2e-3),
+                                      True: dict(layers=2, d=64, heads=4, context=64, steps=60, batch=8, lr=3e-3)}
 
 
 @lru_cache(maxsize=1)
 def smollm2() -> tuple[GPT, Tokenizer]:
     """SmolLM2-135M in lumen (fp32, eval mode) and its tokenizer, loaded once."""
-    from ..formats import load
-
     loaded = load("smollm2")
+    assert loaded.tokenizer is not None  # SmolLM2's GGUF file carries its tokenizer
     return loaded.model.eval(), loaded.tokenizer
 
 

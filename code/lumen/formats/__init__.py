@@ -44,8 +44,8 @@ def load(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = tor
     """The model and tokenizer a spec names; see the module docstring for the accepted forms.
 
     Models on a CPU get their linear weights packed for oneDNN (lumen.packing): the same numbers
-    (bf16: the same bits), 1.3x (float32) to several times (bf16) faster per decoded token, for a
-    second copy of the weights in memory."""
+    (bf16: the same bits), faster per decoded token (README, Speed), for a second copy of the
+    weights in memory."""
     from ..packing import pack_linears
 
     model, tok = _load(spec, device, dtype)

@@ -4,7 +4,7 @@ The residual picture predicts that a middle block can be removed with only a mil
 stream carries everything the other blocks wrote; the first block (and often the last) matter more.
 
     >>> table = deletion_table(model, windows)               # doctest: +SKIP
-    >>> table["rows"][5]["delta"]                            # loss increase (nats/token) without block 5
+    >>> table["rows"][5]["delta"]      # loss increase (nats/token) without block 5  # doctest: +SKIP
 """
 
 from __future__ import annotations

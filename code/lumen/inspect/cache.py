@@ -12,9 +12,11 @@ Every activation has a stable name (the stream after the embedding, and per bloc
     blocks.i.attn_pattern   the attention weights (B, heads, T, S)
     final                   the final-normed stream that the unembedding reads
 
-    >>> logits, cache = run_with_cache(model, idx)            # doctest: +SKIP
-    >>> cache["blocks.3.resid_post"].shape                     # doctest: +SKIP
-    torch.Size([1, 8, 768])
+    >>> from lumen import ModelConfig
+    >>> model = GPT(ModelConfig.from_name("baby-gpt"))        # 6 blocks, d_model 384
+    >>> logits, cache = run_with_cache(model, torch.zeros(1, 8, dtype=torch.long))
+    >>> cache["blocks.3.resid_post"].shape, cache["blocks.3.attn_pattern"].shape
+    (torch.Size([1, 8, 384]), torch.Size([1, 6, 8, 8]))
 
 Hooks are added for one call and removed afterwards: a model that is not being inspected runs exactly
 the code it always runs. Nothing here changes the model's arithmetic.
@@ -29,7 +31,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from ..block import PostLNBlock
+from ..block import PostLNBlock, TransformerBlock
 from ..errors import UserError
 from ..model import GPT, plain_attention
 
@@ -57,6 +59,7 @@ def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
     i, kind = int(m.group(1)), m.group(2)
     check_layer(model, i)
     block = model.blocks[i]
+    assert isinstance(block, TransformerBlock)
     post_ln = isinstance(block, PostLNBlock)
     if kind == "resid_pre":
         return block, "pre"
@@ -69,7 +72,8 @@ def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
     if kind == "attn_pattern":
         return block.attn.pattern, "out"
     if kind == "mlp_hidden":
-        return (block.mlp.w_down if hasattr(block.mlp, "w_down") else block.mlp.proj), "pre"
+        mlp = block.mlp
+        return (mlp.w_down if hasattr(mlp, "w_down") else mlp.proj), "pre"  # type: ignore[return-value]
     # resid_mid: pre-LN reads it through ln2; post-LN's ln1 produces it
     return (block.ln1, "out") if post_ln else (block.ln2, "pre_readonly")
 

@@ -3,7 +3,7 @@ own tokenizer. Reads the corpus through lumen.data (same documents, same held-ou
 but encodes only the passages it needs, so a pretrained model's tokenizer costs nothing up front.
 
     >>> batch = token_windows(tok, "shakespeare", "val", n=8, seq_len=128)   # doctest: +SKIP
-    >>> batch.shape
+    >>> batch.shape                                          # doctest: +SKIP
     torch.Size([8, 128])
 """
 
@@ -35,7 +35,7 @@ def token_windows(
     docs = train if split == "train" else val
     rng = random.Random(seed)
     weights = [len(d.text) for d in docs]
-    windows = []
+    windows: list[list[int]] = []
     chars = 8 * seq_len
     while len(windows) < n:
         text = rng.choices(docs, weights)[0].text

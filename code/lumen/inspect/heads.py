@@ -7,8 +7,11 @@ kind of key.
                      after the same token's earlier occurrence, t - n + 1  ("copy what came after this
                      last time", Olsson et al. 2022). Random tokens leave nothing else to go on.
 
-    >>> s = head_scores(model, text_windows)                 # doctest: +SKIP
-    >>> s["induction"].shape                                  # (n_layers, n_heads)
+    >>> from lumen import ModelConfig
+    >>> model = GPT(ModelConfig.from_name("baby-gpt"))       # 6 blocks of 6 heads, untrained
+    >>> s = head_scores(model, torch.randint(0, 65, (2, 32)), n_random=2, half=16)
+    >>> {k: tuple(v.shape) for k, v in s.items()}            # a score per (layer, head)
+    {'previous_token': (6, 6), 'first_token': (6, 6), 'induction': (6, 6)}
 """
 
 from __future__ import annotations

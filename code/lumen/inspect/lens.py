@@ -100,11 +100,10 @@ class LensResult:
     def vocab_of(self, token_id: int) -> str:
         return self.texts.get(token_id, str(token_id))
 
-    def first_top1_layer(self, position: int = -1) -> int | None:
-        """The first layer whose top-1 token at `position` is the model's final top-1 (None if never before)."""
+    def first_top1_layer(self, position: int = -1) -> int:
+        """The first layer whose top-1 token at `position` is the model's final top-1 (the last layer at the latest)."""
         final = self.top_ids[-1, position, 0]
-        hits = (self.top_ids[:, position, 0] == final).nonzero()
-        return int(hits[0]) if len(hits) else None
+        return int((self.top_ids[:, position, 0] == final).nonzero()[0])
 
     def to_dict(self) -> dict:
         """Plain numbers and strings for JSON."""
@@ -186,7 +185,8 @@ def logit_lens(
 def evaluate_lens(model: GPT, lens: Lens, batches: Iterable[torch.Tensor]) -> dict[str, list[float]]:
     """Per layer, over held-out token batches (B, T): the mean KL to the model's final output and the
     mean cross-entropy against the actual next tokens (and its perplexity)."""
-    kl_sum = ce_sum = None
+    kl_sum: torch.Tensor | None = None
+    ce_sum: torch.Tensor | None = None
     n_tokens = 0
     for idx in batches:
         logits, hs = streams(model, idx)
@@ -202,7 +202,7 @@ def evaluate_lens(model: GPT, lens: Lens, batches: Iterable[torch.Tensor]) -> di
         kl_sum = kl if kl_sum is None else kl_sum + kl
         ce_sum = ce if ce_sum is None else ce_sum + ce
         n_tokens += B * T1
-    if not n_tokens:
+    if kl_sum is None or ce_sum is None or not n_tokens:
         raise UserError("no held-out tokens to evaluate the lens on (give a longer corpus)")
-    kl, ce = (kl_sum / n_tokens).tolist(), (ce_sum / n_tokens).tolist()
-    return {"kl": kl, "cross_entropy": ce, "perplexity": [float(torch.tensor(c).exp()) for c in ce]}
+    mean_kl, mean_ce = (kl_sum / n_tokens).tolist(), (ce_sum / n_tokens).tolist()
+    return {"kl": mean_kl, "cross_entropy": mean_ce, "perplexity": [float(torch.tensor(c).exp()) for c in mean_ce]}

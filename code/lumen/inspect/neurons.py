@@ -7,7 +7,7 @@ its value (row i of W2) into the stream. So a neuron has two faces:
     reads the stream: through the final norm's gain and the unembedding.
 
     >>> value_tokens(model, tok, layer=20, unit=17)          # doctest: +SKIP
-    >>> scan_layer(model, tok, windows, layer=20)[:5]        # the units with the clearest triggers
+    >>> scan_layer(model, tok, windows, layer=20)[:5]   # the clearest triggers  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .cache import capture, check_layer
 
 def _down(model: GPT, layer: int) -> torch.nn.Linear:
     mlp = model.blocks[check_layer(model, layer)].mlp
-    return mlp.w_down if hasattr(mlp, "w_down") else mlp.proj
+    return mlp.w_down if hasattr(mlp, "w_down") else mlp.proj  # type: ignore[return-value, attr-defined]
 
 
 def n_units(model: GPT, layer: int) -> int:
@@ -76,7 +76,8 @@ def top_activations(
     """For every unit of block `layer`'s MLP, its k largest activations over token windows (N, T):
     (values (units, k), flat positions (units, k) into windows.flatten()). Runs the blocks up to `layer` only."""
     check_layer(model, layer)
-    best_v = best_i = None
+    best_v: torch.Tensor | None = None
+    best_i: torch.Tensor | None = None
     for start in range(0, windows.size(0), batch):
         x = windows[start : start + batch].to(model.lm_head.weight.device)
         acts = capture(model, x, f"blocks.{layer}.mlp_hidden").flatten(0, 1).float().cpu()  # (B*T, units)
@@ -84,10 +85,12 @@ def top_activations(
         kk = min(k, acts.size(0))
         v, i = acts.topk(kk, dim=0)                                    # (kk, units)
         v, i = v.T, pos[i].T                                           # (units, kk)
-        if best_v is not None:
+        if best_v is not None and best_i is not None:
             v, i = torch.cat([best_v, v], 1), torch.cat([best_i, i], 1)
         order = v.topk(min(k, v.size(1)), dim=1).indices
         best_v, best_i = v.gather(1, order), i.gather(1, order)
+    if best_v is None or best_i is None:
+        raise UserError("no token windows to scan (give a longer corpus)")
     return best_v, best_i
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from ..errors import MissingFileError, UserError
 from ..files import atomic_path
@@ -43,6 +45,8 @@ class Translator(nn.Module):
     (the stream's RMS per dimension on the first training batch). The family of maps is the same; the
     scale only preconditions training, so that a few huge stream dimensions (the "massive activations"
     of Llama-style models) do not make every optimiser step on their column a thousand times larger."""
+
+    scale: torch.Tensor
 
     def __init__(self, d: int, device=None, dtype=None):
         super().__init__()
@@ -73,8 +77,6 @@ class TunedLens(Lens):
 
     def save(self, path: str | Path) -> Path:
         """Write the translators and the model's read-out hash to one safetensors file, atomically."""
-        from safetensors.torch import save_file
-
         meta = {"kind": KIND, "unembedding_sha256": self.model_hash, "n_layers": str(self.n_layers),
                 "d_model": str(self.model.cfg.d_model),
                 "model": self.model.cfg.name}
@@ -86,9 +88,6 @@ class TunedLens(Lens):
     @classmethod
     def load(cls, path: str | Path, model: GPT) -> TunedLens:
         """A saved lens, attached to `model`; a clear error if it was trained for another model."""
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
         path = Path(path)
         if not path.is_file():
             raise MissingFileError(f"no tuned lens at {path} (train one with `lumen tuned-lens train MODEL`)")
@@ -132,7 +131,7 @@ def train_tuned_lens(
         raise UserError(f"steps must be at least 1, got {steps}")
     lens = lens if lens is not None else TunedLens(model)
     opt = torch.optim.Adam(lens.translators.parameters(), lr=lr)
-    fresh = all(not t.lin.weight.detach().any() for t in lens.translators)
+    fresh = all(not t.get_parameter("lin.weight").detach().any() for t in lens.translators)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / steps)
     frozen = [(p, p.requires_grad) for p in model.parameters()]
     was_training = model.training
@@ -153,7 +152,7 @@ def train_tuned_lens(
                 final_logp = F.log_softmax(logits.float(), -1)
                 if step == 0 and fresh:   # the per-dimension scale of each layer's stream, set once
                     for t, h in zip(lens.translators, hs):
-                        t.scale.copy_(h.flatten(0, -2).pow(2).mean(0).sqrt().clamp_min(1e-6))
+                        t.get_buffer("scale").copy_(h.flatten(0, -2).pow(2).mean(0).sqrt().clamp_min(1e-6))
             opt.zero_grad(set_to_none=True)
             total = 0.0
             for layer in range(lens.n_layers):

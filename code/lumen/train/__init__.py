@@ -2,8 +2,10 @@
 
     >>> from lumen.train import TrainConfig, load_config, train
     >>> cfg, model_cfg = load_config(preset="shakespeare", sets=["steps=300", "save=false"])
+    >>> cfg.steps, cfg.save, model_cfg.n_layers
+    (300, False, 4)
     >>> result = train(cfg, model_cfg)            # doctest: +SKIP
-    >>> result.final_val_loss, result.tokens_per_s
+    >>> result.final_val_loss, result.tokens_per_s  # doctest: +SKIP
 """
 
 from .config import PRESETS, TrainConfig, load_config, to_toml

@@ -17,6 +17,7 @@ ModelConfig fields to change (vocab_size comes from the tokenizer).
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import types
 import typing
@@ -98,7 +99,7 @@ class TrainConfig:
         return prepare(self.corpus, self.tokenizer, self.vocab_size, self.validation or None, self.val_fraction,
                        quiet=quiet)
 
-    def replace(self, **changes: object) -> TrainConfig:
+    def replace(self, **changes: typing.Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -141,16 +142,9 @@ def _model_hints() -> dict[str, object]:
     return _hints(ModelConfig)
 
 
-# The built-in runs. "shakespeare" is the README's first command. A byte-level BPE of 4,096 tokens learned from the
-# training works (~7 s, then cached) spells ~2.9 characters of the held-out works per token, so in the same time a
-# model sees ~2.5x the text a character model does. Compiled (torch.compile, ~30 s the first time on a machine):
-# at this small shape the eager step is mostly per-operation overhead, and the compiled one runs ~2x as many
-# tokens per second (bf16: 16-20k vs 9.2k here). Measured on a 2-core CPU with a cold compiler cache: 2400 steps,
-# 4.9M tokens, 5m27s wall on a busy hour (15.9k tokens/s), validation 1.447 nats/character (1.458 over the whole
-# held-out text); 2200 steps took 4m29s (17.9k tokens/s) for 1.471. The eager 1300-step preset reached 1.527 in
-# 5m01s. Dropout 0.1 did worse (1.478) and halves the compiled speed (random masks). Earlier, eager: 4 x 192
-# reached 1.595 at equal time and 6 x 192 did worse; BPE 1024/2048/8192 did worse than 4096 on short runs,
-# lr 6e-3 much worse, 1.5e-3 about as 3e-3.
+# The built-in runs. "shakespeare" is the README's first command: a byte-level BPE (each token spells several
+# characters, so the model sees more text in the same minutes) and a compiled step (at this small shape an eager
+# step is mostly per-operation overhead). What it reaches, how fast, and the settings tried: README, Training.
 PRESETS: dict[str, dict] = {
     "shakespeare": {
         "corpus": "shakespeare", "tokenizer": "bpe", "vocab_size": 4096, "out_dir": "runs/shakespeare",
@@ -268,8 +262,6 @@ def to_toml(cfg: TrainConfig, model_cfg: ModelConfig) -> str:
 
 
 def _toml_value(v: object) -> str:
-    import json
-
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):

@@ -107,15 +107,6 @@ def gather_objects(obj: object, d: Dist) -> list:
     return out
 
 
-def broadcast_object(obj: object, d: Dist) -> object:
-    """Rank 0's obj on every rank."""
-    if not d.active:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def barrier(d: Dist) -> None:
     if d.active:
         dist.barrier()

@@ -134,7 +134,7 @@ class Trainer:
                              f"{self.tokenizer.vocab_size}")
         self.raw = (model if model is not None else GPT(model_cfg)).to(self.device)
         self.raw.train()
-        self.opt = make_optimizer(self.raw, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), self.device)
+        self.opt = make_optimizer(self.raw, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
         self.gen = torch.Generator().manual_seed(cfg.seed)  # the data position: which windows come next
         torch.manual_seed(cfg.seed + 1 + self.dist.rank)  # dropout noise differs per rank
         self.step, self.tokens, self.best = 0, 0, math.inf

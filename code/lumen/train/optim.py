@@ -22,9 +22,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def make_optimizer(
-    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float], device: torch.device
-) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
     """AdamW over the model's parameters; the fused kernel (one pass over all tensors) on CPU and CUDA."""
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=True)
 

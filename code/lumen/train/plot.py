@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
 from ..files import atomic_path
 
 
 def plot_losses(history: list[dict], path: str | Path, title: str = "") -> Path:
     """Draw train and validation loss against step into path (written atomically)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     path = Path(path)
     train = [(r["step"], r["loss"]) for r in history if "loss" in r]
     val = [(r["step"], r["val_loss"]) for r in history if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig = Figure(figsize=(7, 4), dpi=100)   # drawn off-screen on Agg's canvas: no pyplot state, no display
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     if train:
         ax.plot(*zip(*train), lw=1, alpha=0.8, label="train")
     if val:
@@ -29,5 +29,4 @@ def plot_losses(history: list[dict], path: str | Path, title: str = "") -> Path:
     ax.legend()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", bbox_inches="tight")
-    plt.close(fig)
     return path

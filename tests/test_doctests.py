@@ -1,0 +1,73 @@
+"""The examples in lumen's docstrings run and print what they say. A module whose examples need a download
+(SmolLM2, the Shakespeare corpus) or a trained model keeps them as `+SKIP` and is listed in NOT_RUN with
+the reason, so a new module with examples must be put in one list or the other."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "code"
+
+RUNNABLE = [
+    "lumen.accounting",
+    "lumen.config",
+    "lumen.errors",
+    "lumen.evaluate",
+    "lumen.experiments.result",
+    "lumen.experiments.stacks",
+    "lumen.inspect.cache",
+    "lumen.inspect.heads",
+    "lumen.model",
+    "lumen.tokenizers",
+    "lumen.train",
+    "lumen.train.config",
+    "lumen.train.optim",
+]
+NOT_RUN = {
+    "lumen.data": "the Shakespeare corpus",
+    "lumen.experiments": "an experiment takes minutes",
+    "lumen.experiments.fit": "the Shakespeare corpus",
+    "lumen.fetch": "a download",
+    "lumen.files": "writes into the working directory",
+    "lumen.formats": "SmolLM2",
+    "lumen.formats.checkpoint": "a trained run",
+    "lumen.formats.gguf": "SmolLM2",
+    "lumen.formats.hf": "a Hugging Face directory",
+    "lumen.inspect.ablate": "a trained model and a corpus",
+    "lumen.inspect.corpus": "the Shakespeare corpus",
+    "lumen.inspect.lens": "SmolLM2",
+    "lumen.inspect.neurons": "SmolLM2",
+    "lumen.inspect.tuned_lens": "a trained lens",
+    "lumen.packing": "SmolLM2",
+    "lumen.report.figures": "a lens result",
+    "lumen.report.html": "a lens result",
+    "lumen.train.loop": "a training run takes minutes",
+}
+
+
+def modules_with_examples() -> set[str]:
+    names = set()
+    for path in (ROOT / "lumen").rglob("*.py"):
+        if re.search(r"^\s*>>> ", path.read_text(), re.M):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_every_module_with_examples_is_run_or_says_why_not():
+    assert modules_with_examples() == set(RUNNABLE) | set(NOT_RUN)
+    assert not set(RUNNABLE) & set(NOT_RUN)
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_docstring_examples_run(name, capsys):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    report = capsys.readouterr().out
+    assert result.failed == 0, report
+    assert result.attempted > 0, f"{name} has no example that runs"

@@ -1,0 +1,102 @@
+"""docs/architecture.md's import rules, checked against the code: every `import` and `from ... import` in
+code/lumen (module level or inside a function) is read with `ast`, and the graph between lumen's top-level
+modules and packages is held to the layers the page describes."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "code" / "lumen"
+
+# the model core: the chapter's block and what a GPT needs to exist, be counted and fail clearly
+CORE = {"config", "block", "attention", "model", "accounting", "errors", "files"}
+# what may be imported by each layer above the core (the core itself is open to everyone)
+ALLOWED = {
+    "packing": set(),
+    "tokenizers": set(),
+    "fetch": set(),
+    "evaluate": set(),
+    "formats": {"tokenizers", "fetch", "packing"},
+    "data": {"tokenizers", "fetch", "formats"},
+    "report": set(),
+    "train": {"tokenizers", "data", "formats"},
+    "inspect": {"tokenizers", "data", "evaluate"},
+    "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report"},
+    "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments"},
+    "__main__": {"cli"},
+}
+
+
+def _module(path: Path) -> list[str]:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _lumen_imports(source: str, package: list[str]) -> set[str]:
+    """The lumen top-level modules and packages that the imports in source (a module of `package`) name."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: climb level - 1 packages from this module's package
+                base = package[: len(package) - node.level + 1]
+                target = base + (node.module.split(".") if node.module else [])
+                names = [target + [a.name] for a in node.names] if len(target) == 1 else [target]
+            else:
+                names = [(node.module or "").split(".")]
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".") for a in node.names]
+        else:
+            continue
+        found |= {n[1] for n in names if n[0] == "lumen" and len(n) > 1}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in ROOT.rglob("*.py"):
+        here = _module(path)
+        if len(here) < 2:  # lumen/__init__.py re-exports the core
+            continue
+        package = here if path.name == "__init__.py" else here[:-1]
+        graph[here[1]] |= _lumen_imports(path.read_text(), package) - {here[1]}
+    return graph
+
+
+def test_the_import_reader_sees_every_form_of_import():
+    source = """
+import torch
+import lumen.fetch
+from lumen.data import prepare
+from .. import tokenizers
+from ..model import GPT
+from . import checkpoint
+
+def f():
+    from ..inspect.lens import logit_lens
+"""
+    assert _lumen_imports(source, ["lumen", "formats"]) == {"fetch", "data", "tokenizers", "model", "formats",
+                                                            "inspect"}
+    assert _lumen_imports("from .errors import UserError", ["lumen"]) == {"errors"}
+    assert {"attention", "block", "config", "errors"} <= import_graph()["model"]
+
+
+def test_the_core_imports_only_the_core():
+    graph = import_graph()
+    for name in CORE:
+        assert graph[name] <= CORE, f"lumen.{name} imports {sorted(graph[name] - CORE)}"
+
+
+def test_every_layer_imports_only_what_the_architecture_page_allows():
+    graph = import_graph()
+    assert set(graph) <= CORE | set(ALLOWED), sorted(set(graph) - CORE - set(ALLOWED))
+    for name, allowed in ALLOWED.items():
+        extra = graph[name] - CORE - allowed
+        assert not extra, f"lumen.{name} imports {sorted(extra)}: not in docs/architecture.md's rules"
+
+
+def test_nothing_imports_the_cli_or_the_experiments_from_below():
+    graph = import_graph()
+    assert [n for n, deps in graph.items() if "cli" in deps] == ["__main__"]
+    assert sorted(n for n, deps in graph.items() if "experiments" in deps) == ["cli"]
