@@ -165,13 +165,14 @@ def test_eval_rejects_a_context_longer_than_the_model(smollm2):
 
 # --- the CLI --------------------------------------------------------------------------------------
 def test_generate_streams_the_continuation(capsys, use_fixture_model):
-    assert main(["generate", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens", "2"]) == 0
+    assert main(["generate", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens", "2",
+                 "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith(" Paris")
 
 
 def test_generate_chat_matches_transformers(capsys, use_fixture_model, smollm2_hf, smollm2_hf_tokenizer):
     question = "What is the capital of France?"
-    assert main(["generate", "smollm2", "--chat", "--prompt", question, "--max-new-tokens", "16"]) == 0
+    assert main(["generate", "smollm2", "--chat", "--prompt", question, "--max-new-tokens", "16", "--greedy"]) == 0
     ids = smollm2_hf_tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                                    return_tensors="pt", return_dict=True)["input_ids"]
     out = smollm2_hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,

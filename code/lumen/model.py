@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -19,6 +20,9 @@ from .block import TransformerBlock, make_norm
 from .config import ModelConfig
 from .errors import ModelFileError, UserError
 
+if TYPE_CHECKING:
+    from .inspect.cache import ActivationCache
+
 # torch.compile's options for lumen's models. Inductor writes tanh on CPU as a long vector polynomial;
 # as 2 / (1 + e^(-2u)) - 1, the same function, GELU's forward and backward are much cheaper, accurate to
 # fp32 rounding (the gain is in the README's Speed section). Other devices ignore it.
@@ -26,6 +30,26 @@ COMPILE_OPTIONS = {"cpp.use_decompose_tanh": True}
 
 
 class GPT(nn.Module):
+    """A decoder-only transformer language model: token ids -> embeddings -> blocks -> final norm ->
+    unembedding -> next-token logits. A model family is a `ModelConfig` preset; pretrained weights come
+    through `lumen.formats.load` (``load("smollm2").model`` is a GPT too).
+
+        >>> model = GPT.from_preset("baby-gpt", n_layers=2, d_model=64, n_heads=4, context=16)
+        >>> idx = torch.tensor([[1, 2, 3]])
+        >>> logits, loss = model(idx)                       # next-token logits at every position
+        >>> logits.shape
+        torch.Size([1, 3, 65])
+        >>> model.generate(idx, 20, temperature=0).shape    # greedy; past the 16-token context the window slides
+        torch.Size([1, 23])
+        >>> logits, cache = model.run_with_cache(idx)       # every named activation (lumen.inspect)
+        >>> cache["blocks.1.resid_post"].shape
+        torch.Size([1, 3, 64])
+
+    Its parts carry the chapter's names: tok_emb (and pos_emb for learned positions), blocks (one
+    TransformerBlock, or PostLNBlock, per layer), ln_f (the final norm) and lm_head (the unembedding,
+    tied to tok_emb when cfg.tie_embeddings).
+    """
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -168,34 +192,36 @@ class GPT(nn.Module):
     ) -> Iterator[torch.Tensor]:
         """Yield the next token ids (B,) one step at a time, conditioned on idx (B, T).
 
-        With the KV cache each step feeds one token; without it, each step re-reads the whole
-        (cropped) sequence. Temperature 0 is greedy decoding. compile=True runs each step through
-        `compiled()` (the same numbers to rounding, less per-token overhead; the first call compiles)."""
+        With the KV cache each step feeds one token. Past the model's context the window slides: once
+        the cache is full, each step re-reads the last `context` tokens from scratch. Every one of them
+        has moved one position down and the oldest has left the view, so no cached key still holds
+        (with learned positions the embeddings change; with RoPE the deeper layers' keys do, since
+        they were computed from tokens now out of view). Without the cache each step re-reads the
+        whole (cropped) sequence. Temperature 0 is greedy decoding. compile=True runs each step
+        through `compiled()` (the same numbers to rounding, less per-token overhead; the first call
+        compiles)."""
+        check_sampling(temperature, top_k, top_p)
         check_tokens(idx, self.cfg, 0)
+        context = self.cfg.context
+        cache, held = None, idx.size(1)
         if use_cache:
-            total = idx.size(1) + max_new_tokens
-            if total > self.cfg.context:
-                raise UserError(
-                    f"prompt ({idx.size(1)} tokens) plus {max_new_tokens} new tokens exceed the model's "
-                    f"context of {self.cfg.context} (shorten the prompt or lower --max-new-tokens)"
-                )
             # slots rounded up, so that decoding runs of different lengths share one compiled step
-            slots = min(self.cfg.context, -(-total // 256) * 256)
+            slots = min(context, -(-(idx.size(1) + max_new_tokens) // 256) * 256)
             cache = KVCache(self.cfg, idx.size(0), slots, idx.device, self.lm_head.weight.dtype)
-            logits, _ = self(idx, cache=cache)
-            step_fn = self.compiled() if compile else self
-            for step in range(max_new_tokens):
-                nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
-                yield nxt
-                if step + 1 < max_new_tokens:
-                    logits, _ = step_fn(nxt[:, None], cache=cache)
-        else:
-            seq = idx
-            for _ in range(max_new_tokens):
-                logits, _ = self(seq[:, -self.cfg.context :])
-                nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
-                yield nxt
-                seq = torch.cat((seq, nxt[:, None]), dim=1)
+        logits, _ = self(idx, cache=cache)
+        step_fn = self.compiled() if compile else self
+        seq = idx
+        for step in range(max_new_tokens):
+            nxt = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
+            yield nxt
+            if step + 1 == max_new_tokens:
+                break
+            seq = torch.cat((seq, nxt[:, None]), dim=1)[:, -context:]
+            if cache is not None and held < cache.slots:
+                logits, _ = step_fn(nxt[:, None], cache=cache)    # one more token: its keys join the cache
+                held += 1
+            else:  # re-read the window (compiled only at its full, fixed length)
+                logits, _ = (step_fn if seq.size(1) == context else self)(seq)
 
     def compiled(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
         """This model's forward pass compiled by torch.compile, once per model; called like the model.
@@ -216,9 +242,25 @@ class GPT(nn.Module):
         return state
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **kw: object) -> torch.Tensor:
-        """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens)."""
+        """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens), any number of
+        them (past the context the window slides). Keywords as for `stream`: temperature (1.0; 0 is
+        greedy), top_k, top_p, generator (a seeded torch.Generator repeats a sample), compile."""
         new = list(self.stream(idx, max_new_tokens, **kw))
         return torch.cat([idx] + [t[:, None] for t in new], dim=1)
+
+    def run_with_cache(
+        self,
+        idx: torch.Tensor,
+        names: Iterable[str] | Callable[[str], bool] | None = None,
+        device: torch.device | str | None = None,
+    ) -> tuple[torch.Tensor, ActivationCache]:
+        """(logits, cache of named activations) for token ids idx (B, T): `lumen.inspect.run_with_cache`
+        as a method (the name TransformerLens users type first). names: a list of names such as
+        "blocks.3.resid_post", a predicate on the name, or None for all (`lumen.inspect.activation_names`).
+        The model core does not depend on lumen.inspect: it is imported here, when asked for."""
+        from .inspect.cache import run_with_cache
+
+        return run_with_cache(self, idx, names, device)
 
 
 def sample_next(
@@ -230,23 +272,38 @@ def sample_next(
 ) -> torch.Tensor:
     """One token id per row of logits (B, vocab): greedy at temperature 0, else sampled from the
     softmax at that temperature, restricted to the top_k tokens and the top_p probability mass."""
-    if temperature < 0:
-        raise UserError(f"temperature must be >= 0, got {temperature}")
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # distances below the best token, then scaled: never above 0, so no temperature overflows the softmax
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
-        if not 0 < top_p <= 1:
-            raise UserError(f"top_p must be in (0, 1], got {top_p}")
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         mass_before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)
         drop = mass_before >= top_p  # a token stays if the mass ahead of it is below top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = logits.softmax(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+MIN_TEMPERATURE = 1e-4  # below it (but above 0) sampling is greedy decoding in all but name
+
+
+def check_sampling(temperature: float, top_k: int | None = None, top_p: float | None = None) -> None:
+    """Clear errors for sampling settings that cannot work, before any token is computed."""
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+        raise UserError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise UserError(f"temperature {temperature} is too small to sample with: give 0 for greedy decoding, "
+                        f"or at least {MIN_TEMPERATURE}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise UserError(f"top_k must be a whole number >= 1, got {top_k}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise UserError(f"top_p must be in (0, 1] (1 keeps every token), got {top_p}")
 
 
 def check_tokens(idx: torch.Tensor, cfg: ModelConfig, start: int) -> None:

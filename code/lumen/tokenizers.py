@@ -2,6 +2,8 @@
 behind one small interface. Every tokenizer saves to and loads from one `tokenizer.json`.
 
     >>> tok = CharTokenizer.from_text("hello world")
+    >>> tok("hello")                       # calling a tokenizer encodes, like tok.encode("hello")
+    [3, 2, 4, 4, 5]
     >>> tok.decode(tok.encode("hello"))
     'hello'
 """
@@ -22,10 +24,19 @@ SETTINGS = "tokenizer_config.json"  # beside a Hugging Face tokenizer.json: eos 
 
 
 class Tokenizer:
-    """text <-> token ids. Subclasses set `kind` and implement encode/decode/_state."""
+    """text <-> token ids. Subclasses set `kind` and implement encode/decode/_state.
+
+        >>> tok = ByteTokenizer()
+        >>> tok("hi"), tok.encode("hi"), tok.decode([104, 105])
+        ([104, 105], [104, 105], 'hi')
+    """
 
     kind = "base"
     eos_id: int | None = None
+
+    def __call__(self, text: str) -> list[int]:
+        """The token ids of text: the same as `encode` (tokenizers are called like this elsewhere too)."""
+        return self.encode(text)
 
     @property
     def vocab_size(self) -> int:

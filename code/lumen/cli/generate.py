@@ -1,25 +1,45 @@
-"""`lumen generate MODEL --prompt TEXT`: continue a prompt with KV-cache decoding, streamed to stdout."""
+"""`lumen generate MODEL --prompt TEXT`: continue a prompt with KV-cache decoding, streamed to stdout.
+
+It samples by default (temperature 0.8, top-p 0.95, or the model's own generation_config.json) and says
+the seed on stderr, so that a run can be repeated with --seed; --greedy (or --temperature 0) takes the
+most likely token every time. Past the model's context the window slides (`GPT.stream`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import secrets
 import sys
+from pathlib import Path
 
 import torch
 
+from ..model import check_sampling, check_tokens
 from . import UserError
-from .models import DTYPES, add_model_argument, load_model
+from .models import DTYPES, add_model_argument, checkpoint_note, load_model
+
+# what generate samples with unless the model's files or the command line say otherwise: the settings the
+# training samples use, with the unlikely tail cut off (greedy decoding makes these small models loop)
+DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "top_k": None}
+GENERATION_CONFIG = "generation_config.json"  # a Hugging Face directory's sampling defaults
+MAX_SEED = 2**63 - 1
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="continue a prompt with a model (streams the continuation)")
     add_model_argument(p)
     p.add_argument("--prompt", required=True, help="the text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="how many tokens to add (default 64)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default); 1 samples as trained")
-    p.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="sample only from the smallest set with this mass")
-    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="how many tokens to add (default 64; past the model's context the window slides)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default 0.8, or the model's generation_config.json); 0 is greedy")
+    p.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens (default: all)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="sample only from the smallest set of tokens with this probability mass (default 0.95)")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token (= --temperature 0)")
+    p.add_argument("--seed", metavar="N", default=None,
+                   help="random seed for sampling (default: a fresh one, printed on stderr to repeat the run)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' precision (default float32)")
     p.add_argument("--compile", action="store_true",
@@ -31,8 +51,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.top_k is not None and args.top_k < 1:
-        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
+    settings, source = sampling_settings(args)
+    seed = parse_seed(args.seed) if args.seed is not None else secrets.randbelow(10**6)
     loaded = load_model(args.model, args.dtype)
     tok = loaded.tokenizer
     if tok is None:
@@ -45,15 +65,77 @@ def run(args: argparse.Namespace) -> int:
     ids = tok.encode(prompt)
     if not ids:
         raise UserError("the prompt is empty after tokenization (give some text with --prompt)")
-    generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
+    idx = torch.tensor([ids])
+    check_tokens(idx, loaded.model.cfg, 0)
+    note = checkpoint_note(args.model)
+    if note:
+        print(f"lumen generate: {note}", file=sys.stderr)
+    print(f"lumen generate: {describe(settings, source, seed)}", file=sys.stderr)
     if args.compile:
         print("lumen generate: compiling the decoding step (about a minute on two cores)...", file=sys.stderr)
-    steps = loaded.model.stream(
-        torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, generator=generator, compile=args.compile,
-    )
+    steps = loaded.model.stream(idx, args.max_new_tokens, **settings,
+                                generator=torch.Generator().manual_seed(seed), compile=args.compile)
     stream_text(steps, tok, sys.stdout)
     return 0
+
+
+def sampling_settings(args: argparse.Namespace) -> tuple[dict, str]:
+    """temperature, top_p, top_k: the command line over the model's generation_config.json over DEFAULTS,
+    checked before anything is loaded; and where the defaults came from."""
+    settings, source = dict(DEFAULTS), "lumen's defaults"
+    path = Path(args.model) / GENERATION_CONFIG
+    if path.is_file() and (from_file := read_generation_config(path)):
+        settings.update(from_file)
+        source = f"defaults from {path}"
+    settings.update({k: getattr(args, k) for k in DEFAULTS if getattr(args, k) is not None})
+    if args.greedy:
+        if args.temperature not in (None, 0):
+            raise UserError(f"--greedy and --temperature {args.temperature} contradict each other (give one)")
+        settings["temperature"] = 0.0
+    check_sampling(**settings)
+    return settings, source
+
+
+def read_generation_config(path: Path) -> dict:
+    """The sampling defaults a Hugging Face generation_config.json carries (do_sample false: greedy)."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is not readable JSON ({e}); fix or remove it") from None
+    found = {k: config[k] for k in ("temperature", "top_p", "top_k") if config.get(k) is not None}
+    if found.get("top_k") == 0:  # Hugging Face's "no top-k"
+        found["top_k"] = None
+    if config.get("do_sample") is False:
+        found["temperature"] = 0.0
+    try:
+        check_sampling(**{**DEFAULTS, **found})
+    except UserError as e:
+        raise UserError(f"{path}: {e} (fix the file, or give --temperature/--top-p/--top-k)") from None
+    return found
+
+
+def parse_seed(text: str) -> int:
+    """--seed as a whole number torch's generator takes: 0 .. 2**63 - 1."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise UserError(f"--seed must be a whole number, got {text!r}") from None
+    if not 0 <= seed <= MAX_SEED:
+        raise UserError(f"--seed must be between 0 and 2**63 - 1 ({MAX_SEED}), got {text}")
+    return seed
+
+
+def describe(settings: dict, source: str, seed: int) -> str:
+    """One line on stderr: how the tokens are chosen, and the seed that repeats them."""
+    if settings["temperature"] == 0:
+        return "greedy decoding"
+    parts = [f"temperature {settings['temperature']:g}"]
+    if settings["top_p"] is not None:
+        parts.append(f"top-p {settings['top_p']:g}")
+    if settings["top_k"] is not None:
+        parts.append(f"top-k {settings['top_k']}")
+    return (f"sampling at {', '.join(parts)} ({source}), seed {seed}: --seed {seed} repeats it, "
+            "--greedy takes the most likely token")
 
 
 def stream_text(steps, tok, out) -> list[int]:

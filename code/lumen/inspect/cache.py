@@ -12,11 +12,13 @@ Every activation has a stable name (the stream after the embedding, and per bloc
     blocks.i.attn_pattern   the attention weights (B, heads, T, S)
     final                   the final-normed stream that the unembedding reads
 
-    >>> from lumen import ModelConfig
-    >>> model = GPT(ModelConfig.from_name("baby-gpt"))        # 6 blocks, d_model 384
-    >>> logits, cache = run_with_cache(model, torch.zeros(1, 8, dtype=torch.long))
-    >>> cache["blocks.3.resid_post"].shape, cache["blocks.3.attn_pattern"].shape
-    (torch.Size([1, 8, 384]), torch.Size([1, 6, 8, 8]))
+    >>> model = GPT.from_preset("baby-gpt", n_layers=4)       # a random model; load() gives trained ones
+    >>> idx = torch.tensor([[20, 43, 50, 50, 53]])
+    >>> logits, cache = run_with_cache(model, idx)            # or model.run_with_cache(idx)
+    >>> cache["blocks.3.resid_post"].shape
+    torch.Size([1, 5, 384])
+    >>> cache.stack("attn_pattern").shape                      # (blocks, batch, heads, T, T)
+    torch.Size([4, 1, 6, 5, 5])
 
 Hooks are added for one call and removed afterwards: a model that is not being inspected runs exactly
 the code it always runs. Nothing here changes the model's arithmetic.
@@ -24,6 +26,7 @@ the code it always runs. Nothing here changes the model's arithmetic.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -37,6 +40,22 @@ from ..model import GPT, plain_attention
 
 PER_BLOCK = ("resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "resid_post", "attn_pattern")
 _BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(\w+)$")
+
+
+class UnknownActivation(UserError, KeyError):
+    """A name that is not an activation of this model (or not in this cache), with the closest valid ones.
+    A UserError (one line from the CLI) and a KeyError (what a dict lookup raises)."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0])
+
+
+def unknown(name: str, valid: list[str], where: str = "") -> UnknownActivation:
+    """The error for a wrong name: the valid names closest to it (difflib), or how names are formed."""
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else (
+        f"names are embed, final and blocks.<i>.<{'|'.join(PER_BLOCK)}>")
+    return UnknownActivation(f"unknown activation {name!r}{where}: {hint}")
 
 
 def activation_names(model: GPT) -> list[str]:
@@ -55,7 +74,7 @@ def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
         return model.ln_f, "out"
     m = _BLOCK_NAME.match(name)
     if not m or m.group(2) not in PER_BLOCK:
-        raise UserError(f"unknown activation {name!r}; names are embed, final and blocks.<i>.<{'|'.join(PER_BLOCK)}>")
+        raise unknown(name, activation_names(model))
     i, kind = int(m.group(1)), m.group(2)
     check_layer(model, i)
     block = model.blocks[i]
@@ -95,7 +114,8 @@ def hooks(model: GPT, fns: dict[str, Callable[[torch.Tensor], torch.Tensor | Non
     """Call fns[name](activation) wherever the named activation is produced; a function that returns a
     tensor replaces the activation with it. All hooks are removed on exit.
 
-        >>> with hooks(model, {"blocks.0.mlp_out": lambda a: torch.zeros_like(a)}):   # doctest: +SKIP
+        >>> model, idx = GPT.from_preset("baby-gpt", n_layers=2), torch.tensor([[1, 2, 3]])
+        >>> with hooks(model, {"blocks.0.mlp_out": lambda a: torch.zeros_like(a)}):
         ...     logits, _ = model(idx)
     """
     handles = []
@@ -129,7 +149,19 @@ def hooks(model: GPT, fns: dict[str, Callable[[torch.Tensor], torch.Tensor | Non
 
 
 class ActivationCache(dict):
-    """name -> tensor, filled by `run_with_cache`; `stack("resid_post")` gives (n_layers, ...)."""
+    """name -> tensor, filled by `run_with_cache`; `stack("resid_post")` gives (n_layers, ...).
+    A name it does not hold raises a KeyError (a UserError too) that names the closest ones it does."""
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        if not isinstance(name, str):
+            raise KeyError(name)
+        m = _BLOCK_NAME.match(name)
+        if (m and m.group(2) in PER_BLOCK) or name in ("embed", "final"):
+            close = difflib.get_close_matches(name, list(self), n=3, cutoff=0.6)
+            also = f"; it holds e.g. {', '.join(repr(c) for c in close)}" if close else ""
+            raise UnknownActivation(f"{name!r} is not in this cache (ask run_with_cache for it in names=, "
+                                    f"or leave names=None for all){also}")
+        raise unknown(name, list(self), " in this cache")
 
     def stack(self, kind: str) -> torch.Tensor:
         """One per-block activation of every cached block, in block order, stacked along a new first axis."""
@@ -186,7 +218,9 @@ def capture(model: GPT, idx: torch.Tensor, name: str) -> torch.Tensor:
     """One named activation for token ids idx (B, T), running the model only as far as needed
     (the blocks above it are never computed).
 
-        >>> hidden = capture(model, idx, "blocks.3.mlp_hidden")    # doctest: +SKIP
+        >>> model, idx = GPT.from_preset("baby-gpt", n_layers=4), torch.tensor([[1, 2, 3]])
+        >>> capture(model, idx, "blocks.3.mlp_hidden").shape      # (B, T, d_ff)
+        torch.Size([1, 3, 1536])
     """
     got: list[torch.Tensor] = []
 
@@ -213,8 +247,9 @@ class _Skip(nn.Module):
 def delete_blocks(model: GPT, layers: int | Iterable[int]) -> Iterator[GPT]:
     """Run with the given blocks skipped (their writes to the stream removed); restored on exit.
 
-        >>> with delete_blocks(model, [5]):                       # doctest: +SKIP
-        ...     logits, loss = model(idx, targets)
+        >>> model, idx = GPT.from_preset("baby-gpt"), torch.tensor([[1, 2, 3]])
+        >>> with delete_blocks(model, [5]):
+        ...     logits, loss = model(idx, idx)
     """
     layers = sorted({layers} if isinstance(layers, int) else set(layers))
     for i in layers:
@@ -235,7 +270,8 @@ def replace_activation(
 ) -> Iterator[GPT]:
     """Run with one named activation replaced by a tensor (broadcast to its shape) or by fn(activation).
 
-        >>> with replace_activation(model, "blocks.2.mlp_out", lambda a: 0 * a):   # doctest: +SKIP
+        >>> model, idx = GPT.from_preset("baby-gpt"), torch.tensor([[1, 2, 3]])
+        >>> with replace_activation(model, "blocks.2.mlp_out", lambda a: 0 * a):
         ...     logits, _ = model(idx)
     """
     if _site(model, name)[1] == "pre_readonly":
