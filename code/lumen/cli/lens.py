@@ -77,7 +77,8 @@ def print_table(result, name: str) -> None:
     T = len(result.tokens)
     cols = list(range(max(0, T - TABLE_POSITIONS), T))
     width = 16
-    print(f"{name}: top-1 next token (probability) after each layer; KL to the final output at the last position")
+    print(f"{name}: top-1 next token (probability) read after the embedding and after each block; "
+          "KL to the final output at the last position")
     print(f"{'after':>9}  " + "".join(f"{_clip(result.tokens[t], width):<{width}}" for t in cols) + "KL(last)")
     for layer in range(result.n_layers, -1, -1):
         cells = []
