@@ -142,14 +142,15 @@ def parsers(parser: argparse.ArgumentParser, name: str = "lumen"):
 
 
 def test_every_default_is_shown_in_help():
-    """Each option with a default says it in its --help entry (the value itself, unless the help words it)."""
+    """Each option with a default says it in its --help entry (0 is a default too)."""
     missing = []
     for name, p in parsers(build_parser()):
         formatter = p._get_formatter()
         for a in p._actions:
-            if a.option_strings and a.help != argparse.SUPPRESS and a.default not in (None, False, argparse.SUPPRESS):
+            unset = a.default is None or a.default is False or a.default is argparse.SUPPRESS   # (0 is a default)
+            if a.option_strings and a.help != argparse.SUPPRESS and not unset:
                 entry = " ".join(formatter._format_action(a).split())
-                if "default" not in entry or ("default:" in entry and str(a.default) not in entry):
+                if "default" not in entry:
                     missing.append(f"{name} {a.option_strings[0]}: {entry}")
     assert not missing, missing
 
@@ -285,3 +286,15 @@ def test_quick_accounting_keeps_its_verdict_as_counting_is_exact(monkeypatch):
 
     monkeypatch.setattr(accounting, "run", lambda quick, seed: Result("accounting", "", [], "12 d^2 per block."))
     assert experiments.run("accounting", quick=True).verdict == "12 d^2 per block."
+
+
+def test_convert_writes_ordinary_permissions(files, tmp_path, capsys):
+    """A converted directory is readable like any new folder (not a temporary folder's 0700/0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    out = tmp_path / "hf"
+    assert main(["convert", str(files / "run"), "--to", "hf", str(out)]) == 0
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        p.name: 0o666 & ~mask for p in out.iterdir()} and (out / "model.safetensors").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no staging folder left behind

@@ -60,7 +60,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        shown = action.option_strings and not any(action.default is v for v in (None, False, argparse.SUPPRESS))
         if shown and "default" not in text and "%(default)" not in text:
             text += " (default: %(default)s)"
         return text
