@@ -100,4 +100,4 @@ def test_count_cli(capsys, tmp_path):
     assert main(["count", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["exact"]["total"] == count(ModelConfig.from_name("baby-llama")).total
     assert main(["count", "gpt5"]) == 2
-    assert "unknown preset 'gpt5'" in capsys.readouterr().err
+    assert "unknown model 'gpt5': give a preset (gpt2" in capsys.readouterr().err

@@ -291,7 +291,7 @@ def test_deletion_table_against_the_manual_forward():
     base = F.cross_entropy(manual_forward(model, x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
     assert table["baseline"] == pytest.approx(float(base), abs=1e-5)
     for row in table["rows"]:
-        k = row["layer"]
+        k = row["block"]
         want = F.cross_entropy(manual_forward(model, x[:, :-1], skip={k}).flatten(0, 1), x[:, 1:].flatten())
         assert row["loss"] == pytest.approx(float(want), abs=1e-5)
         assert row["delta"] == pytest.approx(row["loss"] - table["baseline"])

@@ -38,7 +38,7 @@ def lumen(capsys, *argv):
 def test_lens_table_json_and_files(run_dir, capsys, tmp_path):
     code, out, _ = lumen(capsys, "lens", run_dir / "run", "--prompt", "It is the east", "--out", tmp_path)
     assert code == 0
-    assert "block 2" in out and "embed" in out and "first becomes top-1 at layer" in out
+    assert "block 2" in out and "embed" in out and "first becomes top-1 after" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kl.png", "lens.html", "lens.json", "lens.png"]
     code, out, _ = lumen(capsys, "lens", run_dir / "run", "--prompt", "It is the east", "--json", "--top-k", "2")
     data = json.loads(out)["logit lens"]
@@ -49,10 +49,14 @@ def test_lens_table_json_and_files(run_dir, capsys, tmp_path):
 def test_tuned_lens_train_eval_and_use(run_dir, capsys, tmp_path):
     lens = tmp_path / "tiny.lens"
     code, out, err = lumen(capsys, "tuned-lens", "train", run_dir / "run", "--corpus", run_dir / "corpus",
-                           "--steps", "3", "--seq-len", "32", "--eval-windows", "2", "--out", lens,
-                           "--report", tmp_path / "report")
+                           "--steps", "3", "--seq-len", "32", "--eval-windows", "2", "--out", lens)
     assert code == 0, err
-    assert lens.is_file() and "KL logit" in out and "step 3/3" in err
+    assert "KL logit" in out and "tiny.lens/tuned-lens.safetensors" in err
+    assert sorted(p.name for p in lens.iterdir()) == ["kl.png", "perplexity.png", "tuned-lens.safetensors",
+                                                      "tuned_lens.json"]
+    code, _, err = lumen(capsys, "tuned-lens", "eval", run_dir / "run", lens, "--corpus", run_dir / "corpus",
+                         "--seq-len", "32", "--eval-windows", "2", "--report", tmp_path / "report")  # the old name
+    assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["kl.png", "perplexity.png", "tuned_lens.json"]
     code, out, _ = lumen(capsys, "tuned-lens", "eval", run_dir / "run", lens, "--corpus", run_dir / "corpus",
                          "--seq-len", "32", "--eval-windows", "2", "--json")

@@ -51,6 +51,7 @@ class Count:
     unembedding: int  # the output projection if untied, else 0 (it is the embedding)
     total: int
     matmul: int  # weights multiplied in a forward pass: the blocks' weight matrices and the output projection
+    block: int  # one block's parameters: attention, MLP and the block's own norms, biases included
 
     @property
     def non_embedding(self) -> int:
@@ -58,7 +59,8 @@ class Count:
         return self.total - self.embedding - self.positions
 
     def per_block(self, cfg: ModelConfig) -> int:
-        return (self.attention + self.mlp) // cfg.n_layers
+        """One block's parameters, with biases and the block's norms (the final norm is not in a block)."""
+        return self.block
 
 
 def count(cfg: ModelConfig) -> Count:
@@ -73,6 +75,7 @@ def count_module(model: nn.Module) -> Count:
     groups = dict(embedding=0, positions=0, attention=0, mlp=0, norms=0, unembedding=0)
     # the unembedding is a matmul even when tied to the lookup table
     matmul = model.get_parameter("lm_head.weight").numel()
+    block = sum(p.numel() for p in model.blocks[0].parameters())
     for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
         n = p.numel()
         if p.dim() == 2 and (".attn." in name or ".mlp." in name):
@@ -89,7 +92,7 @@ def count_module(model: nn.Module) -> Count:
             groups["mlp"] += n
         else:
             groups["norms"] += n
-    return Count(**groups, total=sum(groups.values()), matmul=matmul)
+    return Count(**groups, total=sum(groups.values()), matmul=matmul, block=block)
 
 
 def forward_flops_per_token(cfg: ModelConfig, context: int | None = None) -> dict[str, float]:

@@ -4,9 +4,6 @@ model.safetensors, tokenizer.json, tokenizer_config.json) that transformers and 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from . import UserError
@@ -25,23 +22,18 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..files import atomic_dir
     from ..formats.hf import save_hf_dir
 
     out = args.outdir
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} exists and is not an empty directory (choose a new output directory)")
     loaded = load_model(args.model, args.dtype)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # everything is written into a hidden folder beside OUTDIR and renamed into place at the end
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    try:
-        save_hf_dir(loaded.model, staging / "model")
+    # written into a hidden folder beside OUTDIR and renamed into place at the end, with the permissions of
+    # ordinary new files and folders (not a temporary folder's 0700)
+    with atomic_dir(out) as tmp:
+        save_hf_dir(loaded.model, tmp)
         if loaded.tokenizer is not None:
-            loaded.tokenizer.save(staging / "model")  # with an HF tokenizer: tokenizer_config.json too
-        if out.exists():
-            out.rmdir()
-        os.replace(staging / "model", out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            loaded.tokenizer.save(tmp)  # with an HF tokenizer: tokenizer_config.json too
     print(f"wrote {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
     return 0

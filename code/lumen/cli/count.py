@@ -1,4 +1,7 @@
-"""`lumen count PRESET|CONFIG [--context L] [--json]`: parameters and FLOPs, formula beside exact."""
+"""`lumen count MODEL [--context L] [--json]`: parameters and FLOPs, formula beside exact.
+
+MODEL is any model spec (smollm2, a .gguf file, a Hugging Face or lumen run directory), a preset name
+(gpt2, smollm2-135m, ...: no weights needed), or a ModelConfig .json file."""
 
 from __future__ import annotations
 
@@ -7,12 +10,17 @@ import json
 from pathlib import Path
 
 from ..accounting import report
-from ..config import ModelConfig
+from ..config import PRESETS, ModelConfig
+from ..errors import UserError
+from ..formats import MODELS, SPEC_FORMS
+from .models import add_model_argument, load_model
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help="count parameters and FLOPs of a model (formula beside exact)")
-    p.add_argument("model", help="a preset name (gpt2, smollm2-135m, ...) or a config .json file")
+    p = sub.add_parser(name, help="count parameters and FLOPs of a model (formula beside exact)",
+                       description=__doc__)
+    add_model_argument(p, "a preset name (gpt2, smollm2-135m, ...), a config .json file, or a model: smollm2, "
+                          "a .gguf file, a Hugging Face directory or a lumen run directory")
     p.add_argument("--context", type=int, default=None,
                    help="context L for the attention core (default: the model's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -20,16 +28,21 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def resolve_config(spec: str) -> ModelConfig:
-    """A preset name or a config file (ModelConfig JSON)."""
+    """A preset name, a ModelConfig .json file, or any model spec (its config, read by loading it)."""
     path = Path(spec)
-    if path.is_file():
+    if spec in PRESETS and not path.exists():
+        return ModelConfig.from_name(spec)
+    if path.is_file() and path.suffix == ".json":
         return ModelConfig.load(path)
-    if path.is_dir() and (path / "config.json").is_file():
-        return ModelConfig.load(path / "config.json")
-    return ModelConfig.from_name(spec)
+    if not path.exists() and spec not in MODELS:
+        raise UserError(f"unknown model {spec!r}: give a preset ({', '.join(PRESETS)}), a config .json file, "
+                        f"or {SPEC_FORMS}")
+    return load_model(spec).model.cfg
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.context is not None and args.context < 1:
+        raise UserError(f"--context must be at least 1, got {args.context}")
     cfg = resolve_config(args.model)
     r = report(cfg, args.context)
     if args.json:

@@ -13,18 +13,22 @@ import sys
 from .. import experiments
 from ..errors import UserError
 from ..experiments import EXPERIMENTS
+from .models import add_out_argument, add_quiet_argument, output_dir
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="run one of the chapter's claims as an experiment (table, JSON, figures)",
                        description=__doc__.splitlines()[0])
     p.add_argument("name", metavar="NAME", help=f"one of: {', '.join(EXPERIMENTS)}; or all; or list")
-    p.add_argument("--quick", action="store_true", help="the small size the test suite runs (seconds, not minutes)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0); a seed gives the same numbers")
-    p.add_argument("--out", default="runs/experiments", help="output folder (default runs/experiments)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: tiny models trained briefly (a minute or two each, not tens of minutes); "
+                        "it checks that the experiment runs and draws no conclusion")
+    p.add_argument("--seed", type=int, default=0, help="random seed; a seed gives the same numbers")
+    add_out_argument(p, "output folder (one subfolder per experiment)", default="runs/experiments")
     p.add_argument("--doc", default=None,
                    help="also write the markdown page collecting every result in --out (e.g. docs/experiments.md)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    add_quiet_argument(p)
     return p
 
 
@@ -35,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    output_dir(args.out)
     if args.name == "list":
         for name in EXPERIMENTS:
             print(f"{name:<20} {experiments.module(name).CLAIM}")

@@ -4,6 +4,7 @@ text the inspection tools read (a corpus cut into windows of tokens)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -17,13 +18,42 @@ def add_model_argument(p: argparse.ArgumentParser, help: str = MODEL_HELP) -> No
     p.add_argument("model", help=help)
 
 
+def add_out_argument(p: argparse.ArgumentParser, help: str, *old_names: str, default: str | None = None) -> None:
+    """--out DIR, the one name of every command's output folder; old spellings still parse, unlisted."""
+    p.add_argument("--out", metavar="DIR", default=default, help=help)
+    for name in old_names:
+        p.add_argument(name, dest="out", metavar="DIR", help=argparse.SUPPRESS)
+
+
+def add_quiet_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bars (they are also off when stderr is not a terminal)")
+
+
+def output_dir(path: str | Path, option: str = "--out") -> Path:
+    """A folder to write into (created when written): refuse a path that is an existing file, up front."""
+    out = Path(path)
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise UserError(f"{option} {out}: {p} is a file, not a folder (give a folder to write into)")
+    return out
+
+
+def at_least(args: argparse.Namespace, *names: str, least: int = 1) -> None:
+    """Refuse counts below `least` for the named options (dest names), with the option as typed."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise UserError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+
+
 def add_text_arguments(p: argparse.ArgumentParser, seq_len: int, windows: int | None = None) -> None:
     """--corpus, --seq-len, --seed (and --windows when given a default): the text a tool reads."""
     p.add_argument("--corpus", default="shakespeare", help="text files/directories, or shakespeare (default)")
     if windows is not None:
         p.add_argument("--windows", type=int, default=windows, help=f"text windows to read (default {windows})")
     p.add_argument("--seq-len", type=int, default=seq_len, help=f"tokens per window (default {seq_len})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="which windows are drawn")
 
 
 def read_windows(model, tok, args: argparse.Namespace, split: str, count: int, seed: int) -> torch.Tensor:

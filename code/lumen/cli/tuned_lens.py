@@ -1,7 +1,9 @@
-"""`lumen tuned-lens train MODEL [--corpus shakespeare] [--steps N] [--out FILE]`: train a tuned lens,
+"""`lumen tuned-lens train MODEL [--corpus shakespeare] [--steps N] [--out DIR]`: train a tuned lens,
 then compare it with the logit lens on held-out text (KL to the final output and perplexity per layer).
+DIR gets tuned-lens.safetensors (what `lumen lens --tuned DIR` reads), tuned_lens.json, kl.png and
+perplexity.png.
 
-`lumen tuned-lens eval MODEL LENS [--corpus ...]` repeats the comparison for a saved lens.
+`lumen tuned-lens eval MODEL LENS [--corpus ...] [--out DIR]` repeats the comparison for a saved lens.
 """
 
 from __future__ import annotations
@@ -12,68 +14,74 @@ import sys
 import time
 from pathlib import Path
 
-from . import UserError
-from .models import add_model_argument, add_text_arguments, load_with_tokenizer, read_windows
+from .lens import LENS_FILE, lens_file
+from .models import (
+    add_model_argument,
+    add_out_argument,
+    add_quiet_argument,
+    add_text_arguments,
+    at_least,
+    load_with_tokenizer,
+    output_dir,
+    read_windows,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help="train a tuned lens for a model, or evaluate one against the logit lens")
+    p = sub.add_parser(name, help="train a tuned lens for a model, or evaluate one against the logit lens",
+                       description=__doc__.split("\n\n")[0])
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     train = actions.add_parser("train", help="train a tuned lens on a corpus and report both lenses per layer")
     add_model_argument(train)
-    train.add_argument("--steps", type=int, default=24, help="optimizer steps (default 24)")
-    train.add_argument("--batch", type=int, default=1, help="windows per step (default 1)")
+    train.add_argument("--steps", type=int, default=24, help="optimizer steps")
+    train.add_argument("--batch", type=int, default=1, help="windows per step")
     train.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate, decayed linearly to 0")
-    train.add_argument("--out", metavar="FILE", help="where to save the lens (default NAME.tuned-lens.safetensors)")
+    add_out_argument(train, f"write {LENS_FILE} and the report (tuned_lens.json, kl.png, perplexity.png) "
+                            "into this folder (default: MODEL-NAME.tuned-lens)", "--report")
     evaluate = actions.add_parser("eval", help="compare a saved tuned lens with the logit lens on held-out text")
     add_model_argument(evaluate, "the model the lens was trained for")
-    evaluate.add_argument("lens", help="a .safetensors file written by `lumen tuned-lens train`")
+    evaluate.add_argument("lens", help="the folder `lumen tuned-lens train` wrote, or its .safetensors file")
+    add_out_argument(evaluate, "write tuned_lens.json, kl.png and perplexity.png into this folder", "--report")
     for a in (train, evaluate):
         add_text_arguments(a, seq_len=128)
-        a.add_argument("--eval-windows", type=int, default=8, help="held-out windows for the report (default 8)")
-        a.add_argument("--report", metavar="DIR", help="write tuned_lens.json and kl.png / perplexity.png here")
+        a.add_argument("--eval-windows", type=int, default=8, help="held-out windows for the report")
         a.add_argument("--json", action="store_true", help="print the per-layer comparison as JSON")
+        add_quiet_argument(a)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect.lens import LogitLens, evaluate_lens
+    from ..inspect.lens import LogitLens, evaluate_lens, layer_name
     from ..inspect.tuned_lens import TunedLens, train_tuned_lens
-    from ..report.figures import layer_name
 
-    for flag in ("seq_len", "eval_windows") + (("steps", "batch") if args.action == "train" else ()):
-        if getattr(args, flag) < 1:
-            raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    at_least(args, "seq_len", "eval_windows", *(("steps", "batch") if args.action == "train" else ()))
+    out = output_dir(args.out) if args.out else None
     model, tok = load_with_tokenizer(args.model)
     seconds = None
     if args.action == "train":
-        out = Path(args.out or f"{model.cfg.name}.tuned-lens.safetensors")
+        out = out or output_dir(f"{model.cfg.name}.tuned-lens")
         windows = read_windows(model, tok, args, "train", args.steps * args.batch, args.seed)
         start = time.time()
-
-        def log(step: int, kl: float) -> None:
-            print(f"step {step + 1}/{args.steps}  mean KL over layers {kl:.3f}  ({time.time() - start:.0f}s)",
-                  file=sys.stderr, flush=True)
-
-        lens = train_tuned_lens(model, iter(windows.split(args.batch)), args.steps, args.lr, log=log)
+        lens = train_tuned_lens(model, iter(windows.split(args.batch)), args.steps, args.lr)
         seconds = time.time() - start
-        lens.save(out)
-        print(f"saved {out} ({seconds:.0f}s, {windows.numel()} training tokens)", file=sys.stderr)
+        lens.save(out / LENS_FILE)
+        print(f"saved {out / LENS_FILE} ({seconds:.0f}s, {windows.numel()} training tokens)", file=sys.stderr)
     else:
-        lens = TunedLens.load(args.lens, model)
+        lens = TunedLens.load(lens_file(args.lens), model)
     held = read_windows(model, tok, args, "val", args.eval_windows, args.seed + 1)
-    logit = evaluate_lens(model, LogitLens(model), held.split(2))
-    tuned = evaluate_lens(model, lens, held.split(2))
+    logit = evaluate_lens(model, LogitLens(model), held.split(2), desc="logit lens on held-out text")
+    tuned = evaluate_lens(model, lens, held.split(2), desc="tuned lens on held-out text")
+    n = len(logit["kl"])
     report = {"model": model.cfg.name, "heldout_tokens": held.numel(), "train_seconds": seconds,
-              "logit_lens": logit, "tuned_lens": tuned}
-    if args.report:
-        write_report(Path(args.report), report)
+              "after": [layer_name(i) for i in range(n)], "logit_lens": logit, "tuned_lens": tuned}
+    if out:
+        write_report(out, report)
     if args.json:
         print(json.dumps(report))
         return 0
     print(f"held-out {held.numel()} tokens of {args.corpus}: KL(final || lens) in nats, and perplexity, per layer")
     print(f"{'after':>9}{'KL logit':>12}{'KL tuned':>12}{'ppl logit':>14}{'ppl tuned':>14}")
-    for i in range(len(logit["kl"])):
+    for i in range(n):
         print(f"{layer_name(i):>9}{logit['kl'][i]:>12.3f}{tuned['kl'][i]:>12.3f}"
               f"{logit['perplexity'][i]:>14.1f}{tuned['perplexity'][i]:>14.1f}")
     return 0

@@ -4,7 +4,7 @@ figures) that the runner writes as table.md, numbers.json and PNGs.
     >>> result = run("init-scaling", quick=True, seed=0, out="runs/experiments")   # doctest: +SKIP
 
 Each module has NAME, CLAIM and `run(quick: bool, seed: int) -> Result`; the numbers are deterministic
-for a seed on one machine (wall times aside).
+for a seed on one machine (wall times aside). A quick run is a smoke run: it draws no conclusion (see SMOKE).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import torch
 
 from ..errors import MissingFileError, UserError
 from ..files import write_text
+from ..progress import progress
+from . import fit
 from .result import Result, Table
 
 # experiment name -> module under lumen.experiments, in the chapter's order
@@ -38,6 +40,12 @@ EXPERIMENTS: dict[str, str] = {
     "attention-heads": "attention_heads",
 }
 
+# what a quick run says instead of a verdict: its models are trained for seconds, too little to support any claim
+# (norm-placement's quick losses are all above the unigram baseline). An experiment whose quick size measures
+# exactly what the full one does (an exact count) sets QUICK_CONCLUDES = True and keeps its verdict.
+SMOKE = ("Smoke run (--quick): the models are far too small and too briefly trained to support a conclusion; these "
+         "numbers only show that the experiment runs. Run `lumen experiment {name}` (without --quick) for the result.")
+
 __all__ = ["EXPERIMENTS", "Result", "Table", "load_all", "module", "run", "run_all", "write_doc"]
 
 
@@ -53,9 +61,15 @@ def run(name: str, quick: bool = False, seed: int = 0, out: str | Path | None = 
     mod = module(name)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    result = mod.run(quick=quick, seed=seed)
+    with progress(desc=f"{name}: training", unit="step") as fit.BAR:
+        try:
+            result = mod.run(quick=quick, seed=seed)
+        finally:
+            fit.BAR = None
     result.seconds = time.perf_counter() - t0
     result.quick, result.seed = quick, seed
+    if quick and not getattr(mod, "QUICK_CONCLUDES", False):
+        result.verdict = SMOKE.format(name=name)
     if out is not None:
         result.write(Path(out) / name)
     return result

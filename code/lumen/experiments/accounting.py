@@ -28,6 +28,9 @@ CLAIM = ("Per block attention is 4d^2 and the MLP 8d^2 (12d^2); a forward pass c
          "4Ld per layer for the attention core (~20% extra for GPT-2 small at L=1024, dominant at long contexts); "
          "the backward pass costs twice the forward, so training is ~3x forward: C ~ 6ND.")
 
+# counting is exact at any size, so a quick run's verdict stands (on fewer presets and contexts)
+QUICK_CONCLUDES = True
+
 # FlopCounterMode on the meta device runs every op through Python, so the quick size measures the small
 # presets only (the formula rows for the large ones are the same code)
 SIZES: dict[bool, dict[str, Any]] = {

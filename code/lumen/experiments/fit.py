@@ -26,6 +26,14 @@ from ..train.optim import lr_at, make_optimizer
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
+# the running experiment's progress bar (lumen.experiments.run sets it): it counts the training steps taken
+BAR = None
+
+
+def _stepped(n: int = 1) -> None:
+    if BAR is not None:
+        BAR.update(n)
+
 
 @dataclass
 class History:
@@ -87,6 +95,7 @@ def fit(
         opt.step()
         hist.step_seconds.append(time.perf_counter() - t0)
         hist.loss.append(loss.item())
+        _stepped()
         if evaluate is not None and eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             hist.val.append((step + 1, evaluate(model)))
             model.train()
@@ -122,6 +131,7 @@ def train_lm(
         result = train(cfg, model=model, data=data)
     except TrainingError:
         return History(diverged=True)
+    _stepped(steps)
     hist = History(loss=[r["loss"] for r in result.history if "loss" in r],
                    val=[(r["step"], r["val_loss"]) for r in result.history if "val_loss" in r])
     hist.step_seconds = [batch_size * model.cfg.context / result.tokens_per_s]

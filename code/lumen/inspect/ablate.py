@@ -16,6 +16,7 @@ import torch
 from ..errors import UserError
 from ..evaluate import evaluate
 from ..model import GPT
+from ..progress import progress
 from .cache import check_layer, delete_blocks
 
 
@@ -28,14 +29,14 @@ def heldout_loss(model: GPT, windows: torch.Tensor) -> float:
 def deletion_table(model: GPT, windows: torch.Tensor, layers: Iterable[int] | None = None) -> dict:
     """The held-out loss with each block deleted in turn, beside the intact model's.
 
-    Returns {"baseline": loss, "rows": [{"layer", "loss", "delta"}, ...]} with delta = loss - baseline."""
+    Returns {"baseline": loss, "rows": [{"block", "loss", "delta"}, ...]} with delta = loss - baseline."""
     if windows.dim() != 2 or windows.size(1) < 2:
         raise UserError(f"windows must be token ids of shape (N, T) with T >= 2, got {tuple(windows.shape)}")
     layers = range(len(model.blocks)) if layers is None else [check_layer(model, i) for i in layers]
     base = heldout_loss(model, windows)
     rows = []
-    for k in layers:
+    for k in progress(layers, desc="deleting blocks", unit="block"):
         with delete_blocks(model, k):
             loss = heldout_loss(model, windows)
-        rows.append({"layer": k, "loss": loss, "delta": loss - base})
+        rows.append({"block": k, "loss": loss, "delta": loss - base})
     return {"baseline": base, "tokens": windows.numel(), "rows": rows}

@@ -20,6 +20,7 @@ import torch
 
 from ..errors import UserError
 from ..model import GPT
+from ..progress import progress
 from .cache import run_with_cache
 
 
@@ -65,8 +66,11 @@ def head_scores(model: GPT, text: torch.Tensor, n_random: int = 4, half: int = 3
                 ) -> dict[str, torch.Tensor]:
     """All three scores (n_layers, heads): previous- and first-token on text windows (B, T),
     induction on repeated random tokens."""
-    scores = positional_scores(model, text.to(model.lm_head.weight.device))
-    scores["induction"] = induction_scores(model, n_random, half, seed)
+    with progress(total=2, desc="scoring heads", unit="pass") as bar:
+        scores = positional_scores(model, text.to(model.lm_head.weight.device))
+        bar.update()
+        scores["induction"] = induction_scores(model, n_random, half, seed)
+        bar.update()
     return {k: v.float().cpu() for k, v in scores.items()}
 
 

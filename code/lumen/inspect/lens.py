@@ -5,8 +5,9 @@ own final norm and unembedding, and watch the prediction form.
     >>> result.top_tokens(layer=6)[-1]                        # doctest: +SKIP
     ' Paris'
 
-Layer l means the stream after l blocks: layer 0 is the embedding, layer n_layers the last block's
-output, which the lens reads exactly as the model does.
+Row l of a result is the stream after l blocks, named as everywhere in lumen (see `layer_name`): row 0
+"embed" (the embedding), row l "block l-1"; the last row, the last block's output, is read exactly as the
+model reads it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,19 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..model import GPT
+from ..progress import progress
 from .cache import run_with_cache
 
 MAX_CHUNK_BYTES = 256 * 2**20  # how many layers' logits to hold at once
+
+
+def layer_name(layer: int) -> str:
+    """Row `layer` of a lens (the stream after `layer` blocks), named by the block that wrote it last.
+
+    lumen's one naming scheme, in every table, figure and JSON file: "embed" is the embedding's output (the
+    stream before any block), "block i" the stream after block i, blocks counted from 0 as in
+    `model.blocks[i]`; heads are "block i head j"."""
+    return "embed" if layer == 0 else f"block {layer - 1}"
 
 
 class Lens(nn.Module):
@@ -113,7 +124,7 @@ class LensResult:
             "ids": self.ids,
             "layers": [
                 {
-                    "layer": layer,
+                    "after": layer_name(layer),
                     "kl": [round(float(x), 6) for x in self.kl[layer]],
                     "entropy": [round(float(x), 6) for x in self.entropy[layer]],
                     "next_prob": [round(float(x), 6) for x in self.next_prob[layer]],
@@ -182,13 +193,14 @@ def logit_lens(
 
 
 @torch.no_grad()
-def evaluate_lens(model: GPT, lens: Lens, batches: Iterable[torch.Tensor]) -> dict[str, list[float]]:
+def evaluate_lens(model: GPT, lens: Lens, batches: Iterable[torch.Tensor], desc: str = "evaluating the lens"
+                  ) -> dict[str, list[float]]:
     """Per layer, over held-out token batches (B, T): the mean KL to the model's final output and the
     mean cross-entropy against the actual next tokens (and its perplexity)."""
     kl_sum: torch.Tensor | None = None
     ce_sum: torch.Tensor | None = None
     n_tokens = 0
-    for idx in batches:
+    for idx in progress(batches, desc=desc, unit="batch"):
         logits, hs = streams(model, idx)
         final_logp = F.log_softmax(logits[:, :-1].float(), -1)
         targets = idx[:, 1:]

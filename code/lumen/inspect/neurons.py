@@ -20,6 +20,7 @@ import torch
 from ..block import LayerNorm
 from ..errors import UserError
 from ..model import GPT
+from ..progress import progress
 from ..tokenizers import Tokenizer
 from .cache import capture, check_layer
 
@@ -78,7 +79,7 @@ def top_activations(
     check_layer(model, layer)
     best_v: torch.Tensor | None = None
     best_i: torch.Tensor | None = None
-    for start in range(0, windows.size(0), batch):
+    for start in progress(range(0, windows.size(0), batch), desc=f"reading block {layer}'s MLP", unit="batch"):
         x = windows[start : start + batch].to(model.lm_head.weight.device)
         acts = capture(model, x, f"blocks.{layer}.mlp_hidden").flatten(0, 1).float().cpu()  # (B*T, units)
         pos = torch.arange(start * windows.size(1), start * windows.size(1) + acts.size(0))

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from ..errors import MissingFileError, UserError
 from ..files import atomic_path
 from ..model import GPT
+from ..progress import progress
 from .lens import Lens, kl_to_final, streams
 
 KIND = "lumen-tuned-lens"
@@ -140,6 +141,7 @@ def train_tuned_lens(
         for p, _ in frozen:
             p.requires_grad_(False)   # gradients flow through the read-out to the translators only
         it = iter(batches)
+        bar = progress(total=steps, desc="training the tuned lens", unit="step")
         for step in range(steps):
             try:
                 idx = next(it)
@@ -162,8 +164,11 @@ def train_tuned_lens(
                 total += float(loss.detach())
             opt.step()
             sched.step()
+            bar.update()
+            bar.set_postfix(kl=f"{total / max(1, lens.n_layers):.3f}")
             if log is not None:
                 log(step, total / max(1, lens.n_layers))
+        bar.close()
     finally:
         for p, req in frozen:
             p.requires_grad_(req)

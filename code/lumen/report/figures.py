@@ -12,6 +12,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..files import atomic_path
+from ..inspect.lens import layer_name
+
+__all__ = ["layer_name"]  # re-exported: the figures' row names
 
 MAX_POSITIONS = 32  # the heatmap shows at most the last 32 positions of a prompt
 
@@ -21,11 +24,6 @@ def _save(fig: Figure, path: str | Path) -> Path:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     return Path(path)
-
-
-def layer_name(layer: int) -> str:
-    """Row `layer` of a lens (the stream after `layer` blocks), named by the block that wrote it last."""
-    return "embed" if layer == 0 else f"block {layer - 1}"
 
 
 def visible(text: str) -> str:
@@ -64,12 +62,16 @@ def lens_heatmap(result, path: str | Path, title: str = "logit lens") -> Path:
 
 def layer_curves(curves: dict[str, Sequence[float]], path: str | Path, ylabel: str = "KL to final output (nats)",
                  title: str = "lenses by layer", log: bool = False) -> Path:
-    """One line per lens (or per quantity) against the layer index (0 = embedding)."""
+    """One line per lens (or per quantity) against the stream: index 0 is the embedding, i + 1 block i's output."""
     fig = Figure(figsize=(6.4, 4.0))
     ax = fig.add_subplot()
+    n = 0
     for name, ys in curves.items():
         ax.plot(range(len(ys)), ys, marker="o", markersize=3, label=name)
-    ax.set_xlabel("layer (0 = embedding, l = after block l - 1)")
+        n = max(n, len(ys))
+    ticks = range(0, n, max(1, n // 12))
+    ax.set_xticks(list(ticks), ["embed" if i == 0 else str(i - 1) for i in ticks])
+    ax.set_xlabel("stream after block (embed = the embedding, before any block)")
     ax.set_ylabel(ylabel)
     if log:
         ax.set_yscale("log")
@@ -84,7 +86,7 @@ def deletion_bars(table: dict, path: str | Path, title: str = "deleting one bloc
     rows = table["rows"]
     fig = Figure(figsize=(max(5.0, 0.25 * len(rows) + 2), 3.8))
     ax = fig.add_subplot()
-    ax.bar([r["layer"] for r in rows], [r["delta"] for r in rows], color="tab:red")
+    ax.bar([r["block"] for r in rows], [r["delta"] for r in rows], color="tab:red")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xlabel("deleted block")
     ax.set_ylabel(f"loss increase (nats/token; intact {table['baseline']:.3f})")
@@ -94,17 +96,17 @@ def deletion_bars(table: dict, path: str | Path, title: str = "deleting one bloc
     return _save(fig, path)
 
 
-def head_scores_plot(scores: dict, path: str | Path, title: str = "attention heads by layer") -> Path:
-    """One panel per score: every head's score against its layer."""
+def head_scores_plot(scores: dict, path: str | Path, title: str = "attention heads by block") -> Path:
+    """One panel per score: every head's score against its block."""
     names = list(scores)
-    fig = Figure(figsize=(4.0 * len(names), 3.6))
+    fig = Figure(figsize=(4.0 * len(names), 3.6), layout="constrained")   # the layout keeps the suptitle clear
     for k, name in enumerate(names):
         s = scores[name]
         ax = fig.add_subplot(1, len(names), k + 1)
         L, H = s.shape
         for layer in range(L):
             ax.scatter([layer] * H, s[layer].tolist(), s=10, alpha=0.7, color="tab:blue")
-        ax.set_xlabel("layer")
+        ax.set_xlabel("block")
         ax.set_ylabel("score")
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(name.replace("_", " "))

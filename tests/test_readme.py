@@ -1,0 +1,263 @@
+"""The README cannot drift from the code: its fenced commands and Python snippets are read out of README.md
+(parsed, so a new section is covered the moment it is written) and checked against the real `lumen` parser;
+the quick ones run (seconds each); the long ones (training, whole experiments, a pass over a corpus with a
+pretrained model) are marked slow and run only when asked for by name: `pytest -m slow tests/test_readme.py`.
+
+What "quick" means is a rule on the command, not a list of the README's lines: `count`, `experiment list`,
+`--help`/`--version`/`--print-config`, `lens` (one forward pass) and `generate` with a pretrained model (run
+with 8 new tokens; as written, with the slow set) are quick; every other command, and a Python snippet that
+trains, is long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lumen.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```", re.M | re.S)
+INLINE = re.compile(r"(?<!`)`((?:\.venv/bin/)?lumen [^`]+)`")
+
+
+@dataclass(frozen=True)
+class Command:
+    line: int      # where it starts in README.md
+    text: str      # as written, continuation lines joined
+    argv: tuple    # the words after `lumen` (empty for a command that is not lumen's)
+    program: str   # lumen, make, or the first word
+
+    def __str__(self) -> str:
+        return f"README.md:{self.line}: {self.text}"
+
+
+def fenced_blocks(text: str) -> list[tuple[str, int, str]]:
+    """(language, first line number, body) of every fenced block."""
+    return [(m.group(1), text.count("\n", 0, m.start(2)) + 1, m.group(2)) for m in FENCE.finditer(text)]
+
+
+def lumen_argv(words: list[str]) -> tuple[str, tuple]:
+    """('lumen', argv) for `lumen ...`, `.venv/bin/lumen ...`, `python -m lumen ...`, `torchrun ... -m lumen ...`."""
+    if not words:
+        return "", ()
+    if Path(words[0]).name == "lumen":
+        return "lumen", tuple(words[1:])
+    for i in range(len(words) - 1):
+        if words[i] == "-m" and words[i + 1] == "lumen":
+            return "lumen", tuple(words[i + 2:])
+    return Path(words[0]).name, ()
+
+
+def shell_commands(text: str) -> list[Command]:
+    """Every command of every bash/sh/shell block (continuation lines joined, comments dropped)."""
+    out = []
+    for lang, first, body in fenced_blocks(text):
+        if lang not in ("bash", "sh", "shell", "console"):
+            continue
+        lines = body.split("\n")
+        i = 0
+        while i < len(lines):
+            start, joined = i, lines[i]
+            while joined.rstrip().endswith("\\") and i + 1 < len(lines):
+                i += 1
+                joined = joined.rstrip()[:-1] + " " + lines[i].strip()
+            i += 1
+            words = shlex.split(joined.removeprefix("$ "), comments=True)
+            if words:
+                program, argv = lumen_argv(words)
+                out.append(Command(first + start, " ".join(joined.split("#")[0].split()) if "#" in joined
+                                   else " ".join(joined.split()), argv, program))
+    return out
+
+
+def python_snippets(text: str) -> list[tuple[int, str]]:
+    return [(first, body) for lang, first, body in fenced_blocks(text) if lang in ("python", "py")]
+
+
+def inline_lumen(text: str) -> list[tuple[int, list[str]]]:
+    """`lumen ...` spans in the prose (not in fenced blocks), as words."""
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    return [(prose.count("\n", 0, m.start()) + 1, m.group(1).split()) for m in INLINE.finditer(prose)]
+
+
+TEXT = README.read_text(encoding="utf-8")
+COMMANDS = shell_commands(TEXT)
+LUMEN = [c for c in COMMANDS if c.program == "lumen"]
+SNIPPETS = python_snippets(TEXT)
+
+
+def quick(argv: tuple) -> bool:
+    """A README command that finishes in seconds (see the module docstring)."""
+    if {"--help", "-h", "--version", "--print-config"} & set(argv):
+        return True
+    if argv[:1] == ("count",) or argv[:2] == ("experiment", "list"):
+        return True
+    if argv[:1] == ("lens",):
+        return "--tuned" not in argv
+    if argv[:1] == ("generate",):
+        return "--compile" not in argv and not argv[1].startswith("runs/")   # a run needs `lumen train` first
+    return False
+
+
+QUICK_TOKENS = "8"
+
+
+def shortened(argv: tuple) -> list[str]:
+    """A quick command as run: `generate` writes QUICK_TOKENS tokens (the README's count runs in the slow set)."""
+    argv = list(argv)
+    if argv[:1] == ["generate"]:
+        if "--max-new-tokens" in argv:
+            argv[argv.index("--max-new-tokens") + 1] = QUICK_TOKENS
+        else:
+            argv += ["--max-new-tokens", QUICK_TOKENS]
+    return argv
+
+
+def snippet_is_quick(code: str) -> bool:
+    return not re.search(r"\btrain\(", code)
+
+
+def subparser(argv: list[str]) -> argparse.ArgumentParser:
+    """The (sub-)subparser that argv's leading command words select, e.g. `tuned-lens train`."""
+    p = build_parser()
+    for word in argv:
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            break
+        p = subs[0].choices[word]
+    return p
+
+
+def parse(argv) -> argparse.Namespace:
+    """The real parser on argv; a parse error (argparse exits) becomes a test failure with its message."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return build_parser().parse_args(list(argv))
+    except SystemExit as e:
+        if e.code:
+            pytest.fail(f"does not parse: {err.getvalue().strip()}")
+        raise
+
+
+# --- every command parses -------------------------------------------------------------------------------
+
+def test_the_readme_has_commands_and_snippets():
+    """The parser above finds what is there (a README without commands would make every test below vacuous)."""
+    assert len(LUMEN) >= 10 and SNIPPETS
+    assert any(c.argv[:1] == ("train",) for c in LUMEN) and any(quick(c.argv) for c in LUMEN)
+
+
+@pytest.mark.parametrize("cmd", LUMEN, ids=str)
+def test_every_lumen_command_parses(cmd):
+    args = parse(cmd.argv)
+    assert args.command == cmd.argv[0]
+
+
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if c.program == "make"], ids=str)
+def test_every_make_command_names_a_target(cmd):
+    makefile = (ROOT / "Makefile").read_text()
+    targets = [w for w in cmd.text.split()[1:] if not w.startswith("-") and "=" not in w] or ["all"]
+    for t in targets:
+        assert re.search(rf"^{re.escape(t)}:", makefile, re.M), f"{cmd}: no target {t!r} in the Makefile"
+
+
+def test_every_option_named_in_the_prose_exists():
+    """`lumen X ... --opt` in the prose (not a whole command) names a real command and real options of it."""
+    wrong = []
+    commands = {c.argv[0] for c in LUMEN} | set(build_parser()._subparsers._group_actions[0].choices)
+    for line, words in inline_lumen(TEXT):
+        if not words[1].startswith("-") and not words[1].isupper() and words[1] not in commands:   # COMMAND: a name
+            wrong.append(f"README.md:{line}: {' '.join(words)}: no such command")
+            continue
+        p = subparser(words[1:])
+        known = {s for a in p._actions for s in a.option_strings}
+        wrong += [f"README.md:{line}: {' '.join(words)}: {w.split('=')[0]} is not an option of {p.prog}"
+                  for w in words if w.startswith("--") and w.split("=")[0].strip("[]") not in known]
+    assert not wrong, "\n".join(wrong)
+
+
+# --- the quick ones run ---------------------------------------------------------------------------------
+
+def needs_smollm2(text: str, request) -> None:
+    if re.search(r"\bsmollm2\b(?!-)", text):
+        request.getfixturevalue("smollm2_gguf")   # fetched once per machine, then read from the cache
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", [c for c in LUMEN if quick(c.argv)], ids=str)
+def test_quick_commands_run(cmd, request, tmp_path, monkeypatch, capsys):
+    needs_smollm2(cmd.text, request)
+    monkeypatch.chdir(tmp_path)            # outputs such as out/lens land in a temporary folder
+    try:
+        code = main(shortened(cmd.argv))
+    except SystemExit as e:                # --help, --version
+        code = e.code
+    out, err = capsys.readouterr()
+    assert code == 0, f"{cmd}\n{err}"
+    assert out.strip(), f"{cmd}: printed nothing"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first, code", [s for s in SNIPPETS if snippet_is_quick(s[1])],
+                         ids=[f"README.md:{f}" for f, c in SNIPPETS if snippet_is_quick(c)])
+def test_quick_python_snippets_run(first, code, request, tmp_path, monkeypatch):
+    needs_smollm2(code, request)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, f"README.md:{first}", "exec"), {"__name__": "readme"})
+
+
+# --- the long ones: only when asked for (`pytest -m slow tests/test_readme.py`) ------------------------------
+
+def asked_for_slow(request) -> None:
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("a long README command (minutes): run it with `pytest -m slow tests/test_readme.py`")
+
+
+LONG_DIR = "readme-long"
+
+
+@pytest.fixture(scope="module")
+def long_dir(tmp_path_factory):
+    """One folder for the long commands, in README order, so `generate runs/shakespeare` finds the run that
+    `lumen train` made; the README's placeholder files are written there."""
+    root = tmp_path_factory.mktemp(LONG_DIR)
+    (root / "some.txt").write_text("It is the east, and Juliet is the sun.\n" * 20)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", [c for c in LUMEN if not quick(c.argv) or shortened(c.argv) != list(c.argv)],
+                         ids=str)
+def test_long_commands_run(cmd, request, long_dir, monkeypatch):
+    asked_for_slow(request)
+    if any(w.isupper() and len(w) > 2 for w in cmd.text.split()):
+        pytest.skip(f"{cmd}: a template (placeholders in capitals)")
+    if Path(cmd.text.split()[0]).name != "lumen":
+        pytest.skip(f"{cmd}: runs lumen under another program (its lumen part is parsed above)")
+    needs_smollm2(cmd.text, request)
+    monkeypatch.chdir(long_dir)
+    if "my.toml" in cmd.argv and not Path("my.toml").exists():
+        config = io.StringIO()
+        with contextlib.redirect_stdout(config):
+            main(["train", "--print-config"])   # the README's own way to start a config
+        Path("my.toml").write_text(config.getvalue())
+    assert main(list(cmd.argv)) == 0, str(cmd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first, code", [s for s in SNIPPETS if not snippet_is_quick(s[1])],
+                         ids=[f"README.md:{f}" for f, c in SNIPPETS if not snippet_is_quick(c)])
+def test_long_python_snippets_run(first, code, request, tmp_path, monkeypatch):
+    asked_for_slow(request)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, f"README.md:{first}", "exec"), {"__name__": "readme"})
