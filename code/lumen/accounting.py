@@ -75,7 +75,7 @@ def count_module(model: nn.Module) -> Count:
     groups = dict(embedding=0, positions=0, attention=0, mlp=0, norms=0, unembedding=0)
     # the unembedding is a matmul even when tied to the lookup table
     matmul = model.get_parameter("lm_head.weight").numel()
-    block = sum(p.numel() for p in model.blocks[0].parameters())
+    block = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks.0."))
     for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
         n = p.numel()
         if p.dim() == 2 and (".attn." in name or ".mlp." in name):

@@ -12,6 +12,7 @@ import json
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ from .models import DTYPES, add_model_argument, checkpoint_note, load_model
 
 # what generate samples with unless the model's files or the command line say otherwise: the settings the
 # training samples use, with the unlikely tail cut off (greedy decoding makes these small models loop)
-DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "top_k": None}
+DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": None}
 GENERATION_CONFIG = "generation_config.json"  # a Hugging Face directory's sampling defaults
 MAX_SEED = 2**63 - 1
 
