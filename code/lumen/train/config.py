@@ -25,7 +25,8 @@ from pathlib import Path
 
 from ..config import ModelConfig
 from ..data import TokenData, prepare
-from ..errors import ConfigError, MissingFileError
+from ..errors import ConfigError, LumenError, MissingFileError
+from ..tokenizers import Tokenizer
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -97,6 +98,18 @@ class TrainConfig:
         """This run's corpus, tokenized once (cached) and memory-mapped."""
         return prepare(self.corpus, self.tokenizer, self.vocab_size, self.validation or None, self.val_fraction,
                        quiet=quiet)
+
+    def sample_prompt_ids(self, tokenizer: Tokenizer) -> list[int]:
+        """The sample prompt's token ids, checked before the first step (an empty prompt: end-of-text, or 0)."""
+        if not self.sample_tokens:
+            return []
+        try:
+            ids = tokenizer.encode(self.sample_prompt)
+        except LumenError as e:
+            raise ConfigError(f"sample_prompt {self.sample_prompt!r} cannot be encoded by the {tokenizer.kind} "
+                              f"tokenizer of this corpus ({e}); set sample_prompt to text from the corpus, "
+                              f"or sample_tokens = 0") from None
+        return ids or [tokenizer.eos_id or 0]
 
     def replace(self, **changes: object) -> TrainConfig:
         return dataclasses.replace(self, **changes)

@@ -98,6 +98,13 @@ def total(x: torch.Tensor, d: Dist) -> torch.Tensor:
     return x
 
 
+def any_rank(d: Dist, *flags: bool) -> tuple[bool, ...]:
+    """Each flag, true if it is true on any rank (one all-reduce for all of them)."""
+    if not d.active:
+        return flags
+    return tuple(bool(v) for v in total(torch.tensor([float(f) for f in flags]), d))
+
+
 def gather_objects(obj: object, d: Dist) -> list:
     """Every rank's obj, in rank order (on every rank)."""
     if not d.active:
