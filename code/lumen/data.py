@@ -205,7 +205,7 @@ class TokenData:
     def even_starts(self, split: str, context: int, count: int) -> torch.Tensor:
         """count window offsets spread evenly over the split: a fixed, deterministic evaluation set."""
         last = len(self.splits[split]) - context - 1
-        return torch.linspace(0, last, count).round().long().unique()
+        return torch.linspace(0, last, min(count, last + 1)).round().long().unique()  # at most every offset once
 
 
 def read_meta(folder: Path) -> dict:

@@ -1,6 +1,6 @@
 """More than one process: torchrun starts them, DistributedDataParallel averages their gradients.
 
-    torchrun --nproc_per_node=2 -m lumen train --preset shakespeare --set grad_accum=2
+    torchrun --nproc_per_node=2 -m lumen train --preset shakespeare --set grad_accum=2 --set out_dir=runs/ddp
 
 Each process (rank) runs the same loop on its own share of every step's batch; after each backward
 pass DDP all-reduces the gradients, so every rank takes the same optimizer step and holds the same

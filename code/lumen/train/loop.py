@@ -273,8 +273,10 @@ class Trainer:
         return newest if newest is not None and newest.name.endswith(f"{self.step:06d}") else self.save(None, False)
 
     def open_run_dir(self, resume: bool) -> None:
-        start = self.run_dir.resume_point(say=self.talks) if resume else None
+        if self.dist.main:
+            self.run_dir.tidy()
         distributed.barrier(self.dist)  # rank 0 tidied half-written checkpoints before anyone reads
+        start = self.run_dir.resume_point(say=self.dist.main) if resume else None
         if start is not None:
             state = resume_from(start, self.raw, self.opt, self.model_cfg, self.device)
             self.step, self.tokens, self.best = state["step"], state["tokens"], state["best"]

@@ -54,10 +54,13 @@ class RunDir:
                 f"or train into another directory (--set out_dir=...)"
             )
 
+    def tidy(self) -> None:
+        """After a crash: drop half-written checkpoints; put back one that was being replaced."""
+        ckpt.clean_partial(self.path)
+
     def resume_point(self, say: bool) -> Path | None:
         """The newest intact checkpoint (None if there is none at all); damaged newer ones are named and
         passed over."""
-        ckpt.clean_partial(self.path)
         found = [p for p in (self.path / ckpt.CHECKPOINTS).glob(f"{ckpt.PREFIX}*") if ckpt.step_of(p) is not None]
         damaged = []
         for path in sorted(found, key=ckpt.step_of, reverse=True):
