@@ -157,7 +157,7 @@ def test_resuming_a_finished_run_rereports_its_summary(tmp_path, alone):
     run = tmp_path / "run"
     shutil.copytree(alone, run)
     recorded = (run / "summary.json").read_bytes()
-    done = lumen(command(run, "--resume"))
+    done = lumen(command(run, "--resume", "--set=progress=true"))
     assert (run / "summary.json").read_bytes() == recorded
     summary = json.loads(recorded)
     assert summary["tokens_per_s"] > 0 and summary["final_train_loss"] is not None
