@@ -10,10 +10,13 @@ import argparse
 import os
 import shlex
 import sys
+import time
 
 from ..errors import LumenError
 from ..train import PRESETS, TrainingInterrupted, load_config, to_toml, train
 from ..train.distributed import launched_by_torchrun, leave
+
+ERROR_GRACE_S = 5.0
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -43,9 +46,13 @@ def run(args: argparse.Namespace) -> int:
                   f"lumen train: interrupted at step {e.step} (save = false: nothing saved)", file=sys.stderr)
         return 130
     except LumenError as e:
-        if launched_by_torchrun():  # every rank meets the same error: rank 0 says it once, the others quietly go
-            if os.environ.get("RANK") == "0":
-                print(f"lumen train: error: {e}", file=sys.stderr)
+        if launched_by_torchrun():
+            # every rank usually meets the same error: rank 0 says it, and torchrun stops the others while they
+            # wait; an error of one other rank alone is still said, a moment later
+            rank = os.environ.get("RANK", "0")
+            if rank != "0":
+                time.sleep(ERROR_GRACE_S)
+            print(f"lumen train: error: {e}" + (f" (rank {rank})" if rank != "0" else ""), file=sys.stderr)
             leave(2)
         raise
     if launched_by_torchrun():
