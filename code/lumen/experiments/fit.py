@@ -1,6 +1,6 @@
 """Training for the experiments: `train_lm` runs lumen's own loop (lumen.train.train) on a model and a
 tokenized corpus; `fit` is the small adapter for what that loop does not read, a synthetic task whose
-batches come from a function (it reuses lumen.train's optimizer and schedule).
+batches come from a function (it reuses lumen.train's optimizer, schedule and step: clip, then AdamW).
 
     >>> hist = train_lm(model, shakespeare(), steps=200, lr=1e-3)                # doctest: +SKIP
     >>> hist = fit(model, lambda step: task.batch(16), steps=200, lr=1e-3)       # doctest: +SKIP
@@ -22,7 +22,7 @@ import torch.nn as nn
 from ..data import TokenData, prepare
 from ..model import GPT
 from ..train import TrainConfig, TrainingError, train
-from ..train.optim import lr_at, make_optimizer
+from ..train.optim import clip_and_step, lr_at, make_optimizer, set_lr
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -79,20 +79,18 @@ def fit(
     min_lr = lr / 10 if min_lr is None else min_lr
     hist = History()
     model.train()
-    for step in range(steps):
+    for step in range(steps):  # lumen.train.loop's step, on batches from a function
         t0 = time.perf_counter()
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, lr, min_lr, warmup, steps)
+        set_lr(opt, lr_at(step, lr, min_lr, warmup, steps))
         x, y = batch(step)
         _, loss = model(x, y)
         if not math.isfinite(loss.item()):
             hist.diverged = True
             break
-        opt.zero_grad(set_to_none=True)
         loss.backward()
-        if grad_clip:
-            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        opt.step()
+        if not math.isfinite(clip_and_step(opt, model, grad_clip)):
+            hist.diverged = True
+            break
         hist.step_seconds.append(time.perf_counter() - t0)
         hist.loss.append(loss.item())
         _stepped()

@@ -6,6 +6,7 @@
       tokenizer.json      the tokenizer the model was trained with
       meta.json           step, validation loss, ...
       trainer.pt          optimizer, schedule, RNG and data-position state (only in training runs)
+      manifest.json       every other file's size and sha256, written last: `verify` checks it is intact
 
 A run directory holds such checkpoints under `checkpoints/` and names its best one in `best.json`:
 
@@ -19,13 +20,15 @@ under a real name, and the previous checkpoints are never touched.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..errors import MissingFileError
+from ..errors import CheckpointError, MissingFileError
+from ..fetch import sha256_of
 from ..files import atomic_dir, recover_dir
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
@@ -36,6 +39,7 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 META = "meta.json"
 TRAINER = "trainer.pt"
+MANIFEST = "manifest.json"
 CHECKPOINTS = "checkpoints"
 BEST = "best.json"
 PREFIX = "step-"
@@ -68,22 +72,30 @@ def is_checkpoint(path: Path) -> bool:
     return (path / WEIGHTS).is_file() and (path / CONFIG).is_file()
 
 
+def step_of(path: Path) -> int | None:
+    """The step a checkpoint folder's name gives (step-000500: 500); None for any other name."""
+    m = re.fullmatch(re.escape(PREFIX) + r"(\d+)", path.name)
+    return int(m.group(1)) if m else None
+
+
 def checkpoints(run_dir: str | Path) -> list[Path]:
-    """The complete checkpoints of a run, oldest first."""
+    """The complete checkpoints of a run (step-N folders with weights and config), oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and is_checkpoint(p)]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    found = [p for p in root.iterdir() if step_of(p) is not None and is_checkpoint(p)]
+    return sorted(found, key=step_of)
 
 
 def best_checkpoint(run_dir: str | Path) -> Path | None:
-    """The checkpoint `best.json` names, if it still exists."""
+    """The checkpoint `best.json` names, if it still exists (None when best.json is missing or unreadable)."""
     pointer = Path(run_dir) / BEST
-    if not pointer.is_file():
+    try:
+        name = json.loads(pointer.read_text(encoding="utf-8"))["checkpoint"]
+        path = Path(run_dir) / CHECKPOINTS / name
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    path = Path(run_dir) / CHECKPOINTS / json.loads(pointer.read_text())["checkpoint"]
-    return path if is_checkpoint(path) else None
+    return path if path.parent.name == CHECKPOINTS and is_checkpoint(path) else None
 
 
 def resolve(path: str | Path) -> Path:
@@ -139,7 +151,47 @@ def save_checkpoint(
         if trainer_state is not None:
             torch.save(trainer_state, tmp / TRAINER)
         (tmp / META).write_text(json.dumps(meta or {}, indent=1) + "\n")
+        write_manifest(tmp)
     return path
+
+
+def write_manifest(ckpt: Path) -> None:
+    """manifest.json: the size and sha256 of every file in the checkpoint (written last)."""
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_of(f)}
+             for f in sorted(ckpt.iterdir()) if f.is_file() and f.name != MANIFEST}
+    (ckpt / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n")
+
+
+def verify(ckpt: str | Path) -> None:
+    """Check a checkpoint against its manifest (every file there, with its size and sha256); raise
+    CheckpointError saying what is wrong."""
+    ckpt = Path(ckpt)
+    try:
+        listed = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))["files"]
+        entries = [(str(name), int(e["bytes"]), str(e["sha256"])) for name, e in listed.items()]
+    except FileNotFoundError:
+        raise CheckpointError(f"{ckpt} has no {MANIFEST}: it was not completely written") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{ckpt / MANIFEST} is damaged (not the manifest lumen writes)") from None
+    for name, size, digest in entries:
+        f = ckpt / name
+        if "/" in name or not f.is_file():
+            raise CheckpointError(f"{ckpt}: {name} is missing")
+        if f.stat().st_size != size:
+            raise CheckpointError(f"{f} has {f.stat().st_size:,} bytes, the manifest says {size:,}")
+        if sha256_of(f) != digest:
+            raise CheckpointError(f"{f} is damaged (its sha256 differs from the manifest's)")
+    if not {WEIGHTS, CONFIG} <= {name for name, _, _ in entries}:
+        raise CheckpointError(f"{ckpt / MANIFEST} does not list {WEIGHTS} and {CONFIG}")
+
+
+def intact(ckpt: str | Path) -> bool:
+    """Whether a checkpoint matches its manifest."""
+    try:
+        verify(ckpt)
+    except CheckpointError:
+        return False
+    return True
 
 
 def clean_partial(run_dir: str | Path) -> None:
@@ -152,4 +204,20 @@ def load_trainer_state(ckpt: str | Path) -> dict:
     path = Path(ckpt) / TRAINER
     if not path.is_file():
         raise MissingFileError(f"{ckpt} has no {TRAINER}: it holds weights only and cannot be resumed")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:  # tensors and plain values only: never unpickles code
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged file fails anywhere in torch's reader (seen: Unpickling-,
+        # Runtime-, EOF-, Index-, Key-, UnicodeDecode-, OSError): each means the same, this file is damaged
+        raise CheckpointError(f"{path} is damaged ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); "
+                              f"resume from an earlier checkpoint") from None
+    if not _looks_like_trainer_state(state):
+        raise CheckpointError(f"{path} is not the trainer state lumen writes; resume from an earlier checkpoint")
+    return state
+
+
+_TRAINER_KEYS = {"optimizer": dict, "step": int, "tokens": int, "best": float, "data_generator": torch.Tensor,
+                 "torch_rng": list, "world": int, "train_config": str}
+
+
+def _looks_like_trainer_state(state: object) -> bool:
+    return isinstance(state, dict) and all(isinstance(state.get(k), t) for k, t in _TRAINER_KEYS.items())

@@ -37,15 +37,15 @@ def token_windows(
     weights = [len(d.text) for d in docs]
     windows: list[list[int]] = []
     chars = 8 * seq_len
-    while len(windows) < n:
+    for _ in range(100 * n):  # a passage that is too short is drawn again; a corpus where all are gives up
         text = rng.choices(docs, weights)[0].text
         start = rng.randrange(max(1, len(text) - chars))
-        start = text.find("\n", start) + 1 or start            # begin at a line start
-        ids = tokenizer.encode(text[start : start + chars])
+        line = text.find("\n", start, start + chars // 2) + 1   # begin at a line start, when one is near
+        ids = tokenizer.encode(text[line or start:][:chars])
         if len(ids) >= seq_len:
             windows.append(ids[:seq_len])
-        elif len(text) < chars and len(ids) < seq_len:
-            raise UserError(
-                f"corpus {corpus!r} ({split}) is too short for windows of {seq_len} tokens (use a lower --seq-len)"
-            )
-    return torch.tensor(windows, dtype=torch.long)
+            if len(windows) == n:
+                return torch.tensor(windows, dtype=torch.long)
+    raise UserError(
+        f"corpus {corpus!r} ({split}) is too short for windows of {seq_len} tokens (use a lower --seq-len)"
+    )

@@ -1,4 +1,5 @@
-"""Training: the loop, its config, the optimizer and schedule, checkpoints and torch.distributed.
+"""Training: the loop (loop.py), its config, the run directory and checkpoints (rundir.py), the machine's
+settings (machine.py), the optimizer and schedule, and torch.distributed.
 
     >>> from lumen.train import TrainConfig, load_config, train
     >>> cfg, model_cfg = load_config(preset="shakespeare", sets=["steps=300", "save=false"])
@@ -9,6 +10,7 @@
 """
 
 from .config import PRESETS, TrainConfig, load_config, to_toml
-from .loop import TrainingError, TrainResult, train
+from .loop import TrainingError, TrainingInterrupted, TrainResult, train
 
-__all__ = ["PRESETS", "TrainConfig", "TrainResult", "TrainingError", "load_config", "to_toml", "train"]
+__all__ = ["PRESETS", "TrainConfig", "TrainResult", "TrainingError", "TrainingInterrupted", "load_config", "to_toml",
+           "train"]

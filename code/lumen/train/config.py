@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import types
 import typing
@@ -26,7 +27,8 @@ from pathlib import Path
 
 from ..config import ModelConfig
 from ..data import TokenData, prepare
-from ..errors import ConfigError, MissingFileError
+from ..errors import ConfigError, LumenError, MissingFileError
+from ..tokenizers import Tokenizer
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -76,18 +78,41 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        for f in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "val_fraction", "temperature",
+                  "max_time"):
+            if not math.isfinite(getattr(self, f)):
+                raise ConfigError(f"{f} must be a finite number, got {getattr(self, f)}")
         positive = ("steps", "batch_size", "grad_accum", "log_interval", "eval_interval", "eval_windows", "vocab_size")
         for f in positive:
             if getattr(self, f) <= 0:
                 raise ConfigError(f"{f} must be positive, got {getattr(self, f)}")
         for f in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup", "keep_last", "threads", "max_time",
-                  "sample_tokens"):
+                  "sample_tokens", "temperature"):
             if getattr(self, f) < 0:
                 raise ConfigError(f"{f} must be >= 0, got {getattr(self, f)}")
+        if self.lr == 0:
+            raise ConfigError("lr must be positive, got 0 (a run that cannot learn)")
         if self.min_lr > self.lr:
             raise ConfigError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        for f in ("beta1", "beta2"):
+            if not 0 <= getattr(self, f) < 1:
+                raise ConfigError(f"{f} must be in [0, 1), got {getattr(self, f)}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"dtype must be auto, float32 or bfloat16; got {self.dtype!r}")
+        corpus = [self.corpus] if isinstance(self.corpus, str) else self.corpus
+        if not corpus or any(not c.strip() for c in corpus):
+            raise ConfigError(f"corpus {self.corpus!r} names nothing: give \"shakespeare\" or text files, "
+                              f"directories or globs")
+        for f in ("tokenizer", "out_dir", "device"):
+            if not getattr(self, f).strip():
+                raise ConfigError(f"{f} must not be empty (default: {getattr(TrainConfig, f)!r})")
+        if self.tokenizer == "bpe" and self.vocab_size < 257:
+            raise ConfigError(f"vocab_size must be >= 257 for tokenizer = \"bpe\" (256 bytes + end-of-text), "
+                              f"got {self.vocab_size}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
 
     @property
     def windows_per_step(self) -> int:
@@ -98,6 +123,18 @@ class TrainConfig:
         """This run's corpus, tokenized once (cached) and memory-mapped."""
         return prepare(self.corpus, self.tokenizer, self.vocab_size, self.validation or None, self.val_fraction,
                        quiet=quiet)
+
+    def sample_prompt_ids(self, tokenizer: Tokenizer) -> list[int]:
+        """The sample prompt's token ids, checked before the first step (an empty prompt: end-of-text, or 0)."""
+        if not self.sample_tokens:
+            return []
+        try:
+            ids = tokenizer.encode(self.sample_prompt)
+        except LumenError as e:
+            raise ConfigError(f"sample_prompt {self.sample_prompt!r} cannot be encoded by the {tokenizer.kind} "
+                              f"tokenizer of this corpus ({e}); set sample_prompt to text from the corpus, "
+                              f"or sample_tokens = 0") from None
+        return ids or [tokenizer.eos_id or 0]
 
     def replace(self, **changes: typing.Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
@@ -194,15 +231,18 @@ def from_dict(raw: dict, where: str = "config") -> tuple[TrainConfig, ModelConfi
     """Validate a raw (TOML-shaped) dict into the run's and the model's config, with errors that list
     what is valid."""
     raw = dict(raw)
-    model_raw = dict(raw.pop("model", {}) or {})
+    model_raw = raw.pop("model", {})
     if not isinstance(model_raw, dict):
-        raise ConfigError(f"{where}: [model] must be a table of ModelConfig fields")
+        raise ConfigError(f"{where}: model must be a [model] table of ModelConfig fields, got {model_raw!r}")
+    model_raw = dict(model_raw)
     valid = [f.name for f in dataclasses.fields(TrainConfig)]
     unknown = sorted(set(raw) - set(valid))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}, and a [model] table")
     cfg = TrainConfig(**raw)
     preset = model_raw.pop("preset", "baby-gpt")
+    if not isinstance(preset, str):
+        raise ConfigError(f"{where}: model.preset must be a preset name (a string), got {preset!r}")
     model_valid = [f.name for f in dataclasses.fields(ModelConfig)]
     unknown = sorted(set(model_raw) - set(model_valid))
     if unknown:
@@ -211,7 +251,15 @@ def from_dict(raw: dict, where: str = "config") -> tuple[TrainConfig, ModelConfi
     for k, v in model_raw.items():
         if not _accepts(hints[k], v):
             raise ConfigError(f"{where}: model.{k} must be {_type_name(hints[k])}, got {v!r}")
-    model_cfg = ModelConfig.from_name(preset).replace(**model_raw)
+    for k, v in model_raw.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{where}: model.{k} must be a finite number, got {v}")
+    try:
+        model_cfg = ModelConfig.from_name(preset).replace(**model_raw)
+    except LumenError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except (ValueError, TypeError) as e:  # a value ModelConfig's own checks do not name
+        raise ConfigError(f"{where}: [model] {e}") from None
     return cfg, model_cfg
 
 
@@ -230,9 +278,13 @@ def load_config(
         if not p.is_file():
             raise MissingFileError(f"no config file {p} (give a TOML file or --preset {'|'.join(PRESETS)})")
         try:
-            raw = tomllib.loads(p.read_text())
+            raw = tomllib.loads(p.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML ({e})") from None
+        except OSError as e:
+            raise ConfigError(f"{p}: cannot be read ({e.strerror or e})") from None
         where = str(p)
     else:
         raw, where = {}, "config"
@@ -240,6 +292,8 @@ def load_config(
         apply_set(raw, s)
     try:
         return from_dict(raw, where)
+    except ConfigError as e:
+        raise e if str(e).startswith(where) else ConfigError(f"{where}: {e}") from None
     except TypeError as e:  # a missing/odd field the dataclass itself rejects
         raise ConfigError(f"{where}: {e}") from None
 

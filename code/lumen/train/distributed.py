@@ -1,6 +1,6 @@
 """More than one process: torchrun starts them, DistributedDataParallel averages their gradients.
 
-    torchrun --nproc_per_node=2 -m lumen train --preset shakespeare --set grad_accum=2
+    torchrun --nproc_per_node=2 -m lumen train --preset shakespeare --set grad_accum=2 --set out_dir=runs/ddp
 
 Each process (rank) runs the same loop on its own share of every step's batch; after each backward
 pass DDP all-reduces the gradients, so every rank takes the same optimizer step and holds the same
@@ -96,6 +96,13 @@ def total(x: torch.Tensor, d: Dist) -> torch.Tensor:
         x = x.clone()
         dist.all_reduce(x, op=dist.ReduceOp.SUM)
     return x
+
+
+def any_rank(d: Dist, *flags: bool) -> tuple[bool, ...]:
+    """Each flag, true if it is true on any rank (one all-reduce for all of them)."""
+    if not d.active:
+        return flags
+    return tuple(bool(v) for v in total(torch.tensor([float(f) for f in flags]), d))
 
 
 def gather_objects(obj: object, d: Dist) -> list:

@@ -36,3 +36,18 @@ def lr_at(step: int, lr: float, min_lr: float, warmup: int, steps: int) -> float
         return lr
     progress = min(1.0, (step - warmup) / (steps - 1 - warmup))  # 0 at the end of warm-up, 1 at the end
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def clip_and_step(opt: torch.optim.Optimizer, model: nn.Module, grad_clip: float) -> float:
+    """Clip the gradients to a global norm of grad_clip (0: no clipping) and take the optimizer step, unless
+    the norm is NaN or inf (then nothing moves). Returns the norm before clipping."""
+    gnorm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf).item()
+    if math.isfinite(gnorm):
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return gnorm

@@ -7,6 +7,7 @@ peak is measured here, with the dtype the run computes in, rather than read off 
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -22,8 +23,13 @@ def training_flops_per_token(cfg: ModelConfig, context: int | None = None) -> fl
 
 def matmul_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024,
                 seconds: float = 0.3) -> float:
-    """FLOP/s of square n x n matrix products on this device in this dtype: the best of a few timings."""
-    device = torch.device(device)
+    """FLOP/s of square n x n matrix products on this device in this dtype: the best of a few timings
+    (measured once per process for each device, dtype and thread count)."""
+    return _peak(torch.device(device), dtype, n, seconds, torch.get_num_threads())
+
+
+@functools.cache
+def _peak(device: torch.device, dtype: torch.dtype, n: int, seconds: float, threads: int) -> float:
     gen = torch.Generator().manual_seed(0)  # its own: measuring must not move the training RNG
     a = torch.randn(n, n, generator=gen).to(device, dtype)
     b = torch.randn(n, n, generator=gen).to(device, dtype)

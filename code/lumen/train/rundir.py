@@ -1,0 +1,183 @@
+"""A run's directory and what is kept in it: the checkpoint policy (save, keep the last few and the best,
+resume from the newest intact one) and the records (metrics.jsonl, loss.png, summary.json).
+
+    runs/shakespeare/
+      config.toml         the full config the run was started with
+      tokenizer.json
+      metrics.jsonl       one JSON record a line: {"step", "loss", "lr", ...} and {"step", "val_loss", ...}
+      checkpoints/step-000500/   see lumen.formats.checkpoint (each with a manifest of checksums)
+      best.json           {"checkpoint": "step-000500", "val_loss": ...}
+      loss.png, summary.json
+
+Every file is written atomically (lumen.files), except metrics.jsonl, a log that grows a line at a time:
+its reader skips a line cut short by a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import CheckpointError, ConfigError, TrainingError, UserError
+from ..files import atomic_dir, write_text
+from ..formats import checkpoint as ckpt
+from ..model import GPT
+from ..tokenizers import Tokenizer
+from .config import TrainConfig, to_toml
+from .result import TrainResult, from_summary
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+
+
+class RunDir:
+    """The folder of one run (rank 0 writes it; every rank reads it)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def check(self, resume: bool) -> None:
+        """Before anything starts: a fresh run never writes over another run's checkpoints."""
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"out_dir {self.path} is a file, not a folder; set out_dir to a new folder")
+        found = [p for p in (self.path / ckpt.CHECKPOINTS).glob(f"{ckpt.PREFIX}*") if ckpt.step_of(p) is not None]
+        if found and not resume:
+            newest = max(found, key=ckpt.step_of)
+            raise UserError(
+                f"{self.path} already holds checkpoints ({newest.name}); continue it with --resume "
+                f"or train into another directory (--set out_dir=...)"
+            )
+
+    def tidy(self) -> None:
+        """After a crash: drop half-written checkpoints; put back one that was being replaced."""
+        ckpt.clean_partial(self.path)
+
+    def resume_point(self, say: bool) -> Path | None:
+        """The newest intact checkpoint (None if there is none at all); damaged newer ones are named and
+        passed over."""
+        found = [p for p in (self.path / ckpt.CHECKPOINTS).glob(f"{ckpt.PREFIX}*") if ckpt.step_of(p) is not None]
+        damaged = []
+        for path in sorted(found, key=ckpt.step_of, reverse=True):
+            try:
+                ckpt.verify(path)
+            except CheckpointError as e:
+                damaged.append(f"{path.name} ({e})")
+                continue
+            if damaged and say:
+                print(f"lumen train: skipping damaged checkpoint(s) {'; '.join(damaged)}; resuming from "
+                      f"{path.name}", file=sys.stderr)
+            return path
+        if damaged:
+            raise CheckpointError(f"{self.path} has no intact checkpoint to resume from: {'; '.join(damaged)}; "
+                                  f"train afresh into another out_dir")
+        return None
+
+    def start(self, cfg: TrainConfig, model_cfg: ModelConfig, tokenizer: Tokenizer, history: list[dict]) -> None:
+        """Write the run's config and tokenizer, and metrics.jsonl as of the step the run starts from."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_text(self.path / "config.toml", to_toml(cfg, model_cfg))
+        with atomic_dir(self.path / ".tokenizer") as tmp:
+            tokenizer.save(tmp)
+        for f in (self.path / ".tokenizer").iterdir():  # moved out of the complete folder: each file whole
+            f.replace(self.path / f.name)
+        shutil.rmtree(self.path / ".tokenizer", ignore_errors=True)
+        write_text(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in history))
+
+    def history(self, upto: int) -> list[dict]:
+        """metrics.jsonl's records up to step `upto` (a line cut short or damaged is skipped)."""
+        try:
+            lines = (self.path / METRICS).read_text(encoding="utf-8", errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+        records = []
+        for line in lines:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r, dict) and isinstance(r.get("step"), int) and r["step"] <= upto:
+                records.append(r)
+        return records
+
+    def record(self, rec: dict) -> None:
+        with open(self.path / METRICS, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def save(self, step: int, model, tokenizer: Tokenizer, meta: dict, state: dict, val: float | None,
+             improved: bool, keep_last: int) -> Path:
+        """Write checkpoint step-N (and best.json if it improved), then drop all but the newest `keep_last`
+        and the best among those up to this step."""
+        name = f"{ckpt.PREFIX}{step:06d}"
+        path = self.path / ckpt.CHECKPOINTS / name
+        try:
+            ckpt.save_checkpoint(path, model, tokenizer, meta, state)
+            if improved:
+                write_text(self.path / ckpt.BEST, json.dumps({"checkpoint": name, "val_loss": val}))
+        except OSError as e:
+            kept = [p.name for p in ckpt.checkpoints(self.path)]
+            raise TrainingError(
+                f"could not save checkpoint {name} ({e.strerror or e}); the previous checkpoints are intact "
+                f"({', '.join(kept) or 'none yet'}); free space in {self.path} and rerun with --resume"
+            ) from e
+        best = ckpt.best_checkpoint(self.path)
+        upto = [p for p in ckpt.checkpoints(self.path) if ckpt.step_of(p) <= step]
+        for old in upto[: -keep_last or None]:
+            if old != best and old != path:
+                shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def newest(self) -> Path | None:
+        return (ckpt.checkpoints(self.path) or [None])[-1]
+
+    def summary(self) -> dict | None:
+        """What summary.json records (None if missing or unreadable)."""
+        try:
+            s = json.loads((self.path / SUMMARY).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return s if isinstance(s, dict) else None
+
+    def recorded_result(self, history: list[dict], best: float, chars_per_token: float) -> TrainResult:
+        """The result of a finished run as summary.json records it; if the run was stopped before writing
+        it, as its metrics record it (and summary.json is written now)."""
+        result = from_summary(self.summary() or {}, history=history, run_dir=self.path)
+        if result is not None:
+            return result
+        evals = [r for r in history if "val_loss" in r]
+        logs = [r for r in history if "loss" in r]
+        last, val = logs[-1] if logs else {}, evals[-1]["val_loss"] if evals else None
+        result = TrainResult(val, best if math.isfinite(best) else val, last.get("loss"), last.get("step", 0),
+                             last.get("tokens", 0), last.get("tokens_per_s", 0.0), last.get("mfu", 0.0), 0.0,
+                             history, run_dir=self.path, chars_per_token=chars_per_token)
+        self.write_summary(result.summary())
+        return result
+
+    def write_summary(self, summary: dict) -> None:
+        write_text(self.path / SUMMARY, json.dumps(summary, indent=1) + "\n")
+
+    def plot(self, history: list[dict], title: str) -> None:
+        from .plot import plot_losses
+
+        plot_losses(history, self.path / "loss.png", title=title)
+
+
+def resume_from(path: Path, model: GPT, opt: torch.optim.Optimizer, model_cfg: ModelConfig,
+                device: torch.device) -> dict:
+    """Put a checkpoint's weights into the model being trained (read by lumen.formats.checkpoint.load_run,
+    lumen's one weight reader) and its state into the optimizer; return the rest of the trainer state."""
+    state = ckpt.load_trainer_state(path)
+    loaded, _ = ckpt.load_run(path, device)
+    if loaded.cfg != model_cfg:
+        raise UserError(f"{path} was trained with another model config; resume with the same [model] settings")
+    model.load_state_dict(loaded.state_dict())
+    try:
+        opt.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"{path / ckpt.TRAINER}: its optimizer state does not fit this model ({e})") from None
+    return state
