@@ -9,6 +9,7 @@ import argparse
 import time
 
 from .models import add_model_argument, load_with_tokenizer
+from .patch import KINDS
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -18,6 +19,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--contrast", nargs=2, metavar=("A", "B"),
                    help="attribute logit[A] - logit[B] (default: each position's own prediction)")
     p.add_argument("--corrupt", metavar="Q", help="a prompt of the same token length: adds the patching maps")
+    p.add_argument("--patch", nargs="+", choices=KINDS, default=list(KINDS), metavar="KIND",
+                   help=f"the patching maps to compute with --corrupt (default all: {' '.join(KINDS)}; each "
+                   "(layer, position) cell is a forward pass)")
     p.add_argument("--tuned", metavar="PATH", help="a tuned lens for this model: adds a lens toggle")
     p.add_argument("--out", required=True, metavar="PAGE", help="the HTML file to write")
     return p
@@ -31,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     model, tok = load_with_tokenizer(args.model)
     tuned = TunedLens.load(args.tuned, model) if args.tuned else None
     t0 = time.perf_counter()
-    data = explore_data(model, tok, args.prompt, tuple(args.contrast) if args.contrast else None, args.corrupt, tuned)
+    data = explore_data(model, tok, args.prompt, tuple(args.contrast) if args.contrast else None, args.corrupt, tuned,
+                        patch_kinds=args.patch)
     path = write_text(args.out, explore_page(data))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB; {len(data['tokens'])} tokens, "
           f"{data['n_layers']} layers x {data['n_heads']} heads; computed in {time.perf_counter() - t0:.1f} s)")

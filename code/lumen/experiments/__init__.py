@@ -36,6 +36,7 @@ EXPERIMENTS: dict[str, str] = {
     "delete-layer": "delete_layer",
     "key-value-memories": "key_value_memories",
     "attention-heads": "attention_heads",
+    "fact-recall": "fact_recall",
 }
 
 __all__ = ["EXPERIMENTS", "Result", "Table", "load_all", "module", "run", "run_all", "write_doc"]

@@ -137,11 +137,12 @@ class Patching:
     corrupt_metric: float
     maps: dict[str, torch.Tensor] = field(default_factory=dict)   # kind -> (L, T), "head" -> (L, H)
     metric_name: str = "logit difference"
+    layers: list[int] = field(default_factory=list)               # the blocks the maps' rows are
 
     def to_dict(self) -> dict:
         return {"clean_tokens": self.clean_tokens, "corrupt_tokens": self.corrupt_tokens,
                 "clean_metric": self.clean_metric, "corrupt_metric": self.corrupt_metric,
-                "metric": self.metric_name,
+                "metric": self.metric_name, "layers": self.layers,
                 "maps": {k: [[round(float(x), 6) for x in row] for row in v] for k, v in self.maps.items()}}
 
 
@@ -177,10 +178,13 @@ def patching_maps(
     position: int = -1,
     tokenizer=None,
     metric_name: str = "logit difference",
+    layers: Sequence[int] | None = None,
 ) -> Patching:
     """Patch every (layer, position) of each kind one at a time, and every head at all positions:
     maps of the fraction restored, (n_layers, T) per kind and (n_layers, n_heads) for "head".
-    metric: default the logit difference between the clean and the corrupt prompt's own top-1 tokens."""
+    metric: default the logit difference between the clean and the corrupt prompt's own top-1 tokens.
+    layers: only these blocks (rows of the maps, in this order); default all. Each map costs one forward
+    pass per cell (batched), so n_layers x T of them for a kind: a long prompt takes a while."""
     clean, corrupt = _as_ids(model, clean), _as_ids(model, corrupt)
     _check(model, clean, corrupt, [])
     if metric is None:
@@ -190,15 +194,16 @@ def patching_maps(
             raise UserError("both prompts predict the same next token: give the answers to compare explicitly")
         metric = logit_diff(a, b)
     cache, m_clean, m_corrupt = _caches(model, clean, corrupt, metric, position)
-    L, T, H = len(model.blocks), clean.size(1), model.blocks[0].attn.n_heads
+    rows = list(range(len(model.blocks))) if layers is None else [check_layer(model, i) for i in layers]
+    L, T, H = len(rows), clean.size(1), model.blocks[0].attn.n_heads
     per_run = max(1, MAX_BATCH_BYTES // (T * (8 * model.cfg.d_model + 3 * model.cfg.hidden) * 4))
     result = Patching(_texts(tokenizer, clean), _texts(tokenizer, corrupt), m_clean, m_corrupt,
-                      metric_name=metric_name)
+                      metric_name=metric_name, layers=rows)
     for kind in kinds:
         if kind == "head":
-            groups = [[Site("head", i, None, h)] for i in range(L) for h in range(H)]
+            groups = [[Site("head", i, None, h)] for i in rows for h in range(H)]
         else:
-            groups = [[Site(kind, i, t)] for i in range(L) for t in range(T)]
+            groups = [[Site(kind, i, t)] for i in rows for t in range(T)]
         _check(model, clean, corrupt, [g[0] for g in groups])
         values = torch.cat([metric(run_patched(model, cache, corrupt, groups[a:a + per_run], position)).float()
                             for a in range(0, len(groups), per_run)])

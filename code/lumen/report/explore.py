@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from html import escape
 
 import torch
@@ -27,7 +28,7 @@ from ..errors import UserError
 from ..inspect.attribution import attribute, single_token
 from ..inspect.cache import run_with_cache
 from ..inspect.lens import LogitLens, logit_lens
-from ..inspect.patching import logit_diff, patching_maps
+from ..inspect.patching import KINDS, logit_diff, patching_maps
 from ..model import GPT
 from .figures import layer_name, visible
 from .html import DARK, LIGHT
@@ -36,10 +37,11 @@ MAX_TOKENS = 256   # longer prompts make a page too large to be useful
 
 
 def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] | None = None,
-                 corrupt: str | None = None, tuned=None, k: int = 5) -> dict:
+                 corrupt: str | None = None, tuned=None, k: int = 5, patch_kinds: Sequence[str] = KINDS) -> dict:
     """Everything the page shows, as plain JSON-ready numbers. contrast: two token texts whose logit
     difference the attribution splits (default: each position's own top prediction); corrupt: a prompt
-    of the same token length for the patching maps; tuned: a TunedLens for the lens toggle."""
+    of the same token length for the patching maps (of patch_kinds: each (layer, position) cell is a
+    forward pass); tuned: a TunedLens for the lens toggle."""
     ids = tokenizer.encode(prompt)
     if not ids:
         raise UserError("the prompt is empty: give some text")
@@ -78,7 +80,7 @@ def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] |
         if ans[0] == ans[1]:
             raise UserError("both prompts predict the same next token: give a contrast pair to compare")
         name = f"logit[{tokenizer.decode([ans[0]])!r}] - logit[{tokenizer.decode([ans[1]])!r}]"
-        p = patching_maps(model, ids, bad, logit_diff(*ans), tokenizer=tokenizer, metric_name=name)
+        p = patching_maps(model, ids, bad, logit_diff(*ans), patch_kinds, tokenizer=tokenizer, metric_name=name)
         data["patching"] = p.to_dict() | {"corrupt": corrupt, "corrupt_tokens": [visible(t) for t in p.corrupt_tokens]}
     return data
 
@@ -281,9 +283,10 @@ function buildPatching() {
     tab.appendChild(head);
     m.forEach((row, l) => {
       const tr = el('tr');
-      tr.appendChild(el('th', {}, String(l)));
+      tr.appendChild(el('th', {}, String(P.layers[l])));
       row.forEach((v, j) => {
-        const td = el('td', {'data-value': String(v), title: kind + ' block ' + l + ' ' + j + ': ' + v.toFixed(3)});
+        const td = el('td', {'data-value': String(v),
+                             title: kind + ' block ' + P.layers[l] + ' ' + j + ': ' + v.toFixed(3)});
         td.style.background = diverging(v, 1);
         td.style.width = '14px';
         tr.appendChild(td);

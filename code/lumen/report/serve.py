@@ -22,6 +22,7 @@ from .explore import explore_data, explore_page
 
 HOST = "127.0.0.1"   # loopback only: the page runs a model for anyone who can reach it
 MAX_QUERY = 4096     # bytes of query string accepted
+MAX_PATCH_TOKENS = 32   # patching costs a forward pass per (layer, position): longer prompts via lumen explore
 
 
 class ExploreServer(ThreadingHTTPServer):
@@ -46,6 +47,9 @@ class ExploreServer(ThreadingHTTPServer):
         try:
             if bool(a) != bool(b):
                 raise UserError("give both contrast tokens, or neither")
+            if form["corrupt"] and len(self.tokenizer.encode(form["prompt"])) > MAX_PATCH_TOKENS:
+                raise UserError(f"the page patches prompts of up to {MAX_PATCH_TOKENS} tokens (each (layer, position) "
+                                "is a forward pass): shorten it, or use lumen explore --corrupt")
             with self.lock:
                 data = explore_data(self.model, self.tokenizer, form["prompt"], (a, b) if a else None,
                                     form["corrupt"] or None, self.tuned)
