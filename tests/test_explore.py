@@ -16,7 +16,7 @@ import torch
 
 from lumen import GPT, ModelConfig
 from lumen.errors import UserError
-from lumen.inspect import logit_lens, run_with_cache
+from lumen.inspect import TunedLens, logit_lens, run_with_cache
 from lumen.inspect.attribution import attribute
 from lumen.report.explore import explore_data, explore_page
 from lumen.report.figures import visible
@@ -164,6 +164,29 @@ def test_click_a_head_draws_its_attention_pattern(subject, page, browser):
             want = torch.tensor([float(v) for v in colour(float(a[q, k]))[4:-1].split(",")])
             assert (img[q, k] - want).abs().max() <= 2, (q, k)
     assert float(a.max() - a[a > 0].min()) > 0.5   # a pattern with contrast: the check tells heads apart
+
+
+def test_the_tuned_lens_toggle_switches_the_grid(subject, browser, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    model, tok = subject
+    torch.manual_seed(1)
+    lens = TunedLens(model)
+    with torch.no_grad():
+        for t in lens.translators:
+            t.lin.weight.normal_(0, 0.5)   # a lens that reads the stream differently from the logit lens
+    path = tmp_path / "tuned.html"
+    path.write_text(explore_page(explore_data(model, tok, PROMPT, tuned=lens)))
+    browser.get(path.as_uri())
+    ids = tok.encode(PROMPT)
+    want = {name: logit_lens(model, ids, lens_, k=5, tokenizer=tok).top_ids[1, 4]
+            for name, lens_ in [("logit lens", None), ("tuned lens", lens)]}
+    assert not torch.equal(want["logit lens"], want["tuned lens"])
+    for name in ("tuned lens", "logit lens"):
+        css(browser, f'#lens-switch button[data-lens="{name}"]')[0].click()
+        ActionChains(browser).move_to_element(css(browser, '#lens td.cell[data-layer="1"][data-t="4"]')[0]).perform()
+        shown = [e.get_attribute("textContent") for e in css(browser, "#tip .tip-token")]
+        assert shown == [visible(tok.decode([int(i)])) for i in want[name]], name
 
 
 def test_serve_answers_prompts_through_the_page_and_survives_bad_ones(subject, browser):
