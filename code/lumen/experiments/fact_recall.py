@@ -80,10 +80,11 @@ def run(quick: bool, seed: int) -> Result:
         numbers["top_heads_patching"] = flat
         dla_heads = {(int(c.split(".")[1]), int(c.split(".")[3])) for c, _ in top if ".head." in c}
         both = [(b, h) for _, b, h in flat if (b, h) in dla_heads]
+        named = ", ".join(f"{b}.{h}" for b, h in both)
         head_text = (" Patching single heads (block.head), the most restoring are "
                      + ", ".join(f"{b}.{h} ({v:.2f})" for v, b, h in flat[:3])
-                     + (f"; {', '.join(f'{b}.{h}' for b, h in both)} also among the largest direct writers: they both "
-                        "move the fact and write the answer" if both else
+                     + (f"; {named} {'is' if len(both) == 1 else 'are'} also among the largest direct writers: "
+                        "attention that moves the fact also writes the answer" if both else
                         "; none of them is among the largest direct writers") + ".")
     said_clean = tok.decode([int(p_clean.argmax())])
     said_corrupt = tok.decode([int(p_corrupt.argmax())])
