@@ -20,6 +20,10 @@ setup: $(BIN)/lumen
 	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
 	  && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium not installed: the HTML page test will be skipped (apt-get install -y chromium)"
+	@# chromium-driver lets Selenium drive it: the explorer page and lumen serve are tested in the browser
+	@command -v chromedriver >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+	  && apt-get update -qq && apt-get install -y -qq chromium-driver >/dev/null; } \
+	  || echo "chromium-driver not installed: the explorer's browser tests will be skipped (apt-get install -y chromium-driver)"
 	@# torch.compile's CPU backend writes C++ (the default training run is compiled; so are decoding tests)
 	@command -v g++ >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
 	  && apt-get update -qq && apt-get install -y -qq g++ >/dev/null; } \

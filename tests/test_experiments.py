@@ -128,6 +128,13 @@ def test_looking_inside_smollm2(results):
     heads = results["attention-heads"].numbers["SmolLM2-135M"]
     assert len(heads["induction"]) == 30 and len(heads["induction"][0]) == 9
     assert max(max(row) for row in heads["induction"]) > 0.5             # SmolLM2 has induction heads
+    fact = results["fact-recall"].numbers
+    dla = fact["attribution"]                                            # the writes add up to the logit difference
+    assert dla["embed"] + sum(dla["attn"]) + sum(dla["mlp"]) == pytest.approx(fact["logit_diff_clean"], abs=1e-4)
+    assert fact["logit_diff_clean"] > 0 > fact["logit_diff_corrupt"]     # ' Paris' after Eiffel, else ' Rome'
+    same = [t for t in range(len(fact["tokens"])) if t not in fact["subject_positions"]]
+    first = fact["patching"]["maps"]["resid_pre"][0]                     # the stream entering block 0 is the embedding:
+    assert max(abs(first[t]) for t in same) < 1e-5                       # where the tokens agree, nothing to restore
 
 
 def test_same_seed_same_numbers(tmp_path):

@@ -28,6 +28,10 @@ COMMANDS = {
     "convert": "convert",
     "fetch": "fetch",
     "experiment": "experiment",
+    "attribute": "attribute",
+    "patch": "patch",
+    "explore": "explore",
+    "serve": "serve",
 }
 
 

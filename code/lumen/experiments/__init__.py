@@ -38,6 +38,7 @@ EXPERIMENTS: dict[str, str] = {
     "delete-layer": "delete_layer",
     "key-value-memories": "key_value_memories",
     "attention-heads": "attention_heads",
+    "fact-recall": "fact_recall",
 }
 
 # what a quick run says instead of a verdict: its models are trained for seconds, too little to support any claim

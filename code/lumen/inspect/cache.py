@@ -10,6 +10,8 @@ Every activation has a stable name (the stream after the embedding, and per bloc
     blocks.i.mlp_out        what the MLP writes into the stream
     blocks.i.resid_post     the stream leaving block i
     blocks.i.attn_pattern   the attention weights (B, heads, T, S)
+    blocks.i.attn_heads     every head's output side by side, before attn.out writes them into the
+                            stream (B, T, heads x head_dim): head h is the slice h*head_dim:(h+1)*head_dim
     final                   the final-normed stream that the unembedding reads
 
     >>> model = GPT.from_preset("baby-gpt", n_layers=4)       # a random model; load() gives trained ones
@@ -38,7 +40,8 @@ from ..block import PostLNBlock, TransformerBlock
 from ..errors import UserError
 from ..model import GPT, plain_attention
 
-PER_BLOCK = ("resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "resid_post", "attn_pattern")
+PER_BLOCK = ("resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "resid_post", "attn_pattern",
+             "attn_heads")
 _BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(\w+)$")
 
 
@@ -90,6 +93,8 @@ def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
         return block.mlp, "out"
     if kind == "attn_pattern":
         return block.attn.pattern, "out"
+    if kind == "attn_heads":
+        return block.attn.out, "pre"
     if kind == "mlp_hidden":
         mlp = block.mlp
         return (mlp.w_down if hasattr(mlp, "w_down") else mlp.proj), "pre"  # type: ignore[return-value]

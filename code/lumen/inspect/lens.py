@@ -99,6 +99,7 @@ class LensResult:
     entropy: torch.Tensor          # (layers, T) of the lens's distribution, nats
     kl: torch.Tensor               # (layers, T) KL(final || lens), nats; 0 at the last layer
     texts: dict[int, str] = field(default_factory=dict)  # token id -> text, when a tokenizer was given
+    final_prob: torch.Tensor | None = None  # (layers, T) probability of the model's own final top-1 token
 
     @property
     def n_layers(self) -> int:
@@ -166,7 +167,8 @@ def logit_lens(
     hs = hs[:, 0]                                              # (layers, T, d)
     final_logp = F.log_softmax(logits[0].float(), -1)          # (T, V) the model's own output
     targets = idx[0, 1:]
-    parts: dict[str, list[torch.Tensor]] = {n: [] for n in ("top_p", "top_i", "p_next", "rank", "ent", "kl")}
+    parts: dict[str, list[torch.Tensor]] = {n: [] for n in ("top_p", "top_i", "p_next", "rank", "ent", "kl", "final")}
+    final_top1 = final_logp.argmax(-1)                         # (T,)
     T, V = final_logp.shape
     for chunk in _chunks(hs.size(0), T, V):
         z = lens_logits(lens, hs[chunk.start : chunk.stop], chunk).float()    # (n, T, V)
@@ -179,6 +181,7 @@ def logit_lens(
         parts["p_next"].append(lp_next[..., 0].exp())
         parts["rank"].append((logp[:, :-1] > lp_next).sum(-1))
         parts["ent"].append(-(logp.exp() * logp).sum(-1))
+        parts["final"].append(logp.gather(-1, final_top1[None, :, None].expand(len(chunk), -1, 1))[..., 0].exp())
         # elementwise, then summed (not one long dot product): the last layer's KL is 0 to float precision
         parts["kl"].append(F.kl_div(logp, final_logp, reduction="none", log_target=True).sum(-1))
     cat = {n: torch.cat(v).cpu() for n, v in parts.items()}
@@ -189,7 +192,7 @@ def logit_lens(
         seen = sorted(set(cat["top_i"].flatten().tolist()))
         texts = dict(zip(seen, _token_texts(tokenizer, seen)))
     return LensResult(ids, tokens, cat["top_i"], cat["top_p"], cat["p_next"], cat["rank"], cat["ent"], cat["kl"],
-                      texts)
+                      texts, cat["final"])
 
 
 @torch.no_grad()

@@ -113,3 +113,51 @@ def head_scores_plot(scores: dict, path: str | Path, title: str = "attention hea
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     return _save(fig, path)
+
+
+def attribution_plot(a, path: str | Path, position: int = -1, title: str = "direct logit attribution") -> Path:
+    """Left: each component's direct contribution at one position (bars, the embedding at the top);
+    right: every head's contribution (layers x heads, red adds to the logit, blue takes away)."""
+    import numpy as np
+
+    t = position % len(a.ids)
+    names, vals = a.components, a.values[:, t].numpy()
+    fig = Figure(figsize=(11.0, max(4.0, 0.16 * len(names) + 1.5)))
+    ax = fig.add_subplot(1, 2, 1)
+    ax.barh(range(len(names)), vals, color=np.where(vals >= 0, "tab:red", "tab:blue"))
+    ax.set_yticks(range(len(names)), [n.replace("blocks.", "") for n in names], fontsize=6)
+    ax.invert_yaxis()
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel(f"contribution (sum {float(a.logit[t]):.3f} = the logit)")
+    ax.set_title(f"position {t} ({_short(a.tokens[t], 12)})", fontsize=9)
+    ax.grid(alpha=0.3, axis="x")
+    heads = a.heads[:, :, t].numpy()
+    lim = float(np.abs(heads).max()) or 1.0
+    ax2 = fig.add_subplot(1, 2, 2)
+    im = ax2.imshow(heads, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+    ax2.set_xlabel("head")
+    ax2.set_ylabel("block")
+    ax2.set_title("per head", fontsize=9)
+    fig.colorbar(im, ax=ax2, fraction=0.04)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def patching_plot(p, path: str | Path, title: str = "activation patching") -> Path:
+    """One heatmap per site kind: the fraction of the clean metric each patch restores (0 white, 1 red)."""
+    kinds = list(p.maps)
+    fig = Figure(figsize=(4.2 * len(kinds), 0.5 + 0.14 * max(v.size(0) for v in p.maps.values()) + 1.5))
+    for k, kind in enumerate(kinds):
+        m = p.maps[kind].numpy()
+        ax = fig.add_subplot(1, len(kinds), k + 1)
+        im = ax.imshow(m, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
+        if kind == "head":
+            ax.set_xlabel("head")
+        else:
+            ax.set_xticks(range(m.shape[1]), [_short(t, 8) for t in p.clean_tokens], rotation=60, ha="right",
+                          fontsize=6)
+        ax.set_ylabel("block")
+        ax.set_title(kind.replace("_", " "), fontsize=9)
+    fig.colorbar(im, ax=fig.axes, fraction=0.02)
+    fig.suptitle(title)
+    return _save(fig, path)
