@@ -78,12 +78,12 @@ def smollm2_hf_tokenizer(smollm2_gguf):
     return transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
 
 
-# the real model's fixtures: a test that loads SmolLM2 (in lumen or in transformers) is a slow test
-REAL_MODEL = {"smollm2", "smollm2_loaded", "smollm2_tokenizer", "smollm2_hf", "smollm2_hf_tokenizer"}
+# a test that loads SmolLM2 (in lumen or in transformers) or compiles with torch.compile is a slow test
+SLOW_FIXTURES = {"smollm2", "smollm2_loaded", "smollm2_tokenizer", "smollm2_hf", "smollm2_hf_tokenizer", "cpp_compiler"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """`make test-fast` (-m "not slow") skips every test that loads the real model, marked or not."""
+    """`make test-fast` (-m "not slow") skips every test that loads the real model or compiles, marked or not."""
     for item in items:
-        if REAL_MODEL & set(getattr(item, "fixturenames", ())):
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

@@ -137,6 +137,7 @@ def test_looking_inside_smollm2(results):
     assert max(abs(first[t]) for t in same) < 1e-5                       # where the tokens agree, nothing to restore
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers(tmp_path):
     a, b = (run("norms", quick=True, seed=3) for _ in range(2))
     del a.numbers["timing_seconds"], b.numbers["timing_seconds"]
@@ -160,6 +161,7 @@ def test_doc_collects_every_result(results, out, tmp_path):
     assert "Machine:" in text and f"Wall time: {minutes:.1f} minutes" in text
 
 
+@pytest.mark.slow
 def test_cli(tmp_path, capsys):
     assert main(["experiment", "norms", "--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "norms" / "table.md").is_file() and (tmp_path / "norms" / "norms.png").is_file()
