@@ -116,12 +116,12 @@ def run(quick: bool, seed: int) -> Result:
                  f"{', '.join(f'{c} ({v:+.2f})' for c, v in top[:4])}.{head_text}")
     story = [first_row >= 0.5, moved is not None and moved >= n // 2, late_share >= 0.5,
              carried is None or float(p.maps["attn_out"][carried, -1]) >= 0.3]
-    parts.append(("So the chapter's picture holds here: facts about the subject in its own stream, "
-                  + ("attention copying them to the last position late, " if carried is not None else
-                     "moved to the last position late (by attention: measured at full size), ")
-                  + "the last blocks writing the answer.") if all(story) else
-                 "So the chapter's picture holds only in part here (see the numbers above).")
-    verdict = " ".join(parts[1:] + parts[:1])
+    summary = (("The chapter's picture holds here: the fact sits in the subject's own stream through the early and "
+                "middle blocks, " + ("attention copies it to the last position late, " if carried is not None else
+                                     "it reaches the last position late (attention's part: measured at full size), ")
+                + "and the last blocks write the answer.") if all(story) else
+               "The chapter's picture holds only in part here (see the numbers below).")
+    verdict = " ".join([summary] + parts[1:] + parts[:1])
     fig, (ax1, ax2) = figure(2, 6.0, 5.0)
     ax1.barh([i - 0.2 for i in range(n)], attn, height=0.4, label="attention", color="tab:orange")
     ax1.barh([i + 0.2 for i in range(n)], mlp, height=0.4, label="MLP", color="tab:green")
