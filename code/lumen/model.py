@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -290,19 +291,21 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-MIN_TEMPERATURE = 1e-4  # below it (but above 0) sampling is greedy decoding in all but name
+# the smallest positive temperature accepted: sampling closer to 0 is greedy decoding but for exact ties, so a
+# smaller one (1e-45) is taken for a slip; 0 says greedy plainly
+MIN_TEMPERATURE = 1e-4
 
 
 def check_sampling(temperature: float, top_k: int | None = None, top_p: float | None = None) -> None:
     """Clear errors for sampling settings that cannot work, before any token is computed."""
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+    if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature) and temperature >= 0):
         raise UserError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
     if 0 < temperature < MIN_TEMPERATURE:
         raise UserError(f"temperature {temperature} is too small to sample with: give 0 for greedy decoding, "
                         f"or at least {MIN_TEMPERATURE}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
         raise UserError(f"top_k must be a whole number >= 1, got {top_k}")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+    if top_p is not None and not (isinstance(top_p, numbers.Real) and 0 < top_p <= 1):
         raise UserError(f"top_p must be in (0, 1] (1 keeps every token), got {top_p}")
 
 
