@@ -325,5 +325,5 @@ def test_an_experiment_shows_its_training_steps_on_a_terminal(monkeypatch):
     monkeypatch.setattr(norms, "run", tiny_run)
     monkeypatch.setattr(sys, "stderr", Terminal())
     experiments.run("norms", quick=True)
-    assert "norms: training" in sys.stderr.getvalue() and "3step" in sys.stderr.getvalue().replace(" ", "")
+    assert "norms: " in sys.stderr.getvalue() and "3 training steps" in sys.stderr.getvalue()
     assert fit.BAR is None
