@@ -298,3 +298,32 @@ def test_convert_writes_ordinary_permissions(files, tmp_path, capsys):
     assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
         p.name: 0o666 & ~mask for p in out.iterdir()} and (out / "model.safetensors").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no staging folder left behind
+
+
+def test_old_option_spellings_still_parse():
+    """Renamed options keep their old spelling as a hidden alias, so old commands and scripts still work."""
+    p = build_parser()
+    assert p.parse_args(["lens", "m", "--prompt", "x", "--top-k", "3"]).top_tokens == 3
+    assert p.parse_args(["neurons", "m", "--layer", "1", "--top-k", "2"]).contexts == 2
+    assert p.parse_args(["neurons", "m", "--layer", "1"]).block == 1
+    assert p.parse_args(["delete-layer", "m", "--layers", "0,2"]).blocks == "0,2"
+    assert p.parse_args(["tuned-lens", "eval", "m", "lens", "--report", "d"]).out == "d"
+    assert "--report" not in p._subparsers._group_actions[0].choices["tuned-lens"].format_help()
+
+
+def test_an_experiment_shows_its_training_steps_on_a_terminal(monkeypatch):
+    from lumen import experiments
+    from lumen.experiments import fit, norms
+    from lumen.experiments.result import Result
+
+    def tiny_run(quick, seed):
+        model = GPT(ModelConfig(vocab_size=16, context=8, d_model=16, n_layers=1, n_heads=2))
+        x = torch.randint(0, 16, (2, 8))
+        fit.fit(model, lambda step: (x, x), steps=3)
+        return Result("norms", "", [], "")
+
+    monkeypatch.setattr(norms, "run", tiny_run)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    experiments.run("norms", quick=True)
+    assert "norms: " in sys.stderr.getvalue() and "3 training steps" in sys.stderr.getvalue()
+    assert fit.BAR is None

@@ -49,10 +49,10 @@ def at_least(args: argparse.Namespace, *names: str, least: int = 1) -> None:
 
 def add_text_arguments(p: argparse.ArgumentParser, seq_len: int, windows: int | None = None) -> None:
     """--corpus, --seq-len, --seed (and --windows when given a default): the text a tool reads."""
-    p.add_argument("--corpus", default="shakespeare", help="text files/directories, or shakespeare (default)")
+    p.add_argument("--corpus", default="shakespeare", help="text files/directories, or shakespeare (built in)")
     if windows is not None:
-        p.add_argument("--windows", type=int, default=windows, help=f"text windows to read (default {windows})")
-    p.add_argument("--seq-len", type=int, default=seq_len, help=f"tokens per window (default {seq_len})")
+        p.add_argument("--windows", type=int, default=windows, help="text windows to read")
+    p.add_argument("--seq-len", type=int, default=seq_len, help="tokens per window")
     p.add_argument("--seed", type=int, default=0, help="which windows are drawn")
 
 
