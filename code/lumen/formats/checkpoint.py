@@ -25,11 +25,11 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..errors import MissingFileError
+from ..errors import CheckpointError, MissingFileError
 from ..files import atomic_dir, recover_dir
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
-from ..tokenizers import Tokenizer
+from ..tokenizers import Tokenizer, read_json
 from .weights import read_safetensors
 
 WEIGHTS = "model.safetensors"
@@ -73,16 +73,26 @@ def checkpoints(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and is_checkpoint(p)]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    found = [p for p in root.iterdir() if _step(p.name) is not None and is_checkpoint(p)]
+    return sorted(found, key=lambda p: _step(p.name))
+
+
+def _step(name: str) -> int | None:
+    """N for a folder named step-N; None for anything else (a stray folder is not a checkpoint)."""
+    n = name[len(PREFIX):]
+    return int(n) if name.startswith(PREFIX) and n.isascii() and n.isdigit() else None
 
 
 def best_checkpoint(run_dir: str | Path) -> Path | None:
-    """The checkpoint `best.json` names, if it still exists."""
+    """The checkpoint `best.json` names, if it still exists; a damaged best.json is a CheckpointError."""
     pointer = Path(run_dir) / BEST
     if not pointer.is_file():
         return None
-    path = Path(run_dir) / CHECKPOINTS / json.loads(pointer.read_text())["checkpoint"]
+    name = read_json(pointer, "best-checkpoint pointer").get("checkpoint")
+    if not isinstance(name, str) or _step(name) is None:
+        raise CheckpointError(f"{pointer} names no checkpoint ({PREFIX}N), it holds {name!r}: the file is damaged; "
+                              "delete it to load the latest checkpoint, or give a checkpoint directory")
+    path = Path(run_dir) / CHECKPOINTS / name
     return path if is_checkpoint(path) else None
 
 
@@ -108,7 +118,10 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT,
     cfg = ModelConfig.load(ckpt / CONFIG)
     model = GPT.from_state(cfg, read_safetensors(ckpt / WEIGHTS), source=str(ckpt / WEIGHTS)).to(device)
     tok_path = ckpt / TOKENIZER_FILE
-    return model, (Tokenizer.load(tok_path) if tok_path.is_file() else None)
+    tok = Tokenizer.load(tok_path) if tok_path.is_file() else None
+    if tok is not None:
+        tok.check_fits(cfg.vocab_size, str(tok_path))
+    return model, tok
 
 
 def load_weights(model: GPT, state: dict[str, torch.Tensor], where: Path | str = "checkpoint") -> None:
