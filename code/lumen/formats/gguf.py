@@ -234,12 +234,6 @@ def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf") -> 
             raise GGUFError(f"GGUF metadata {arch}.{k} must be a {'whole ' if kind is int else ''}number, got {v!r}")
         return v
 
-    d, n_heads = key("embedding_length"), key("attention.head_count")
-    head_dim = d // n_heads if n_heads > 0 else 0
-    rot = key("rope.dimension_count", head_dim)
-    if rot != head_dim or key("attention.key_length", head_dim) != head_dim:
-        raise GGUFError(f"partial rotary or unusual head sizes (rope dims {rot}, head_dim {head_dim}) "
-                        "are not supported")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", ""):
         raise GGUFError(f"RoPE scaling {scaling!r} is not supported (only plain RoPE)")
@@ -247,9 +241,10 @@ def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf") -> 
     vocab = meta.get(f"{arch}.vocab_size") or (len(tokens) if isinstance(tokens, list) else 0)
     if not vocab:
         raise GGUFError("GGUF metadata gives no vocabulary size (no vocab_size, no tokenizer tokens)")
+    n_heads = key("attention.head_count")
     try:
-        return ModelConfig(
-            name=name, vocab_size=vocab, context=key("context_length"), d_model=d,
+        cfg = ModelConfig(
+            name=name, vocab_size=vocab, context=key("context_length"), d_model=key("embedding_length"),
             n_layers=key("block_count"), n_heads=n_heads, n_kv_heads=key("attention.head_count_kv", n_heads),
             d_ff=key("feed_forward_length"), mlp="swiglu", activation="silu", norm="rmsnorm",
             norm_eps=key("attention.layer_norm_rms_epsilon", kind=float), positions="rope",
@@ -258,6 +253,11 @@ def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf") -> 
         )
     except ConfigError as e:
         raise GGUFError(f"the metadata describes no valid model: {e}") from None
+    rot = key("rope.dimension_count", cfg.head_dim)
+    if rot != cfg.head_dim or key("attention.key_length", cfg.head_dim) != cfg.head_dim:
+        raise GGUFError(f"partial rotary or unusual head sizes (rope dims {rot}, head_dim {cfg.head_dim}) "
+                        "are not supported")
+    return cfg
 
 
 def dequantize(t) -> np.ndarray:

@@ -92,7 +92,8 @@ def check_hf_config(c: object) -> None:
                            (_HF_BOOLS, lambda v: True, "true or false")):
         for key in keys:
             v = c.get(key)
-            if v is not None and (isinstance(v, bool) != (keys is _HF_BOOLS) or not ok(v)):
+            if (v is not None or keys is _HF_FLOATS and key in c) and (isinstance(v, bool) != (keys is _HF_BOOLS)
+                                                                       or not ok(v)):
                 raise ModelFileError(f"{key!r} must be {what}, got {v!r}")
     for key in ("rope_parameters", "rope_scaling"):
         if not isinstance(c.get(key), (dict, type(None))):
