@@ -134,9 +134,9 @@ class _Header:
             if item not in _SCALAR_BYTES and item != _STRING:
                 raise self.fail(f"metadata {key!r} has the unknown item type {item}")
             n = self.count(f"the length of {key}", _SCALAR_BYTES.get(item, 8))
-            if item == _STRING:
+            if item == _STRING:  # (not decoded here: metadata() reports an item that is not UTF-8)
                 for _ in range(n):
-                    self.string(f"an item of {key}")
+                    self.take(self.count(f"the length of an item of {key}", 1), f"an item of {key}")
             else:
                 self.take(n * _SCALAR_BYTES[item], f"the items of {key}")
         else:
@@ -148,9 +148,17 @@ def check_layout(path: Path) -> None:
     """Walk a GGUF header before the gguf package reads it: every count and length fits in the file, value and
     tensor types are known, names are unique, and each tensor's bytes lie inside the file, after the header,
     overlapping no other tensor's (a damaged offset would otherwise read another tensor's weights)."""
+    h = _Header(path)
+    try:
+        _walk(h, path)
+    finally:
+        if isinstance(h.data, mmap.mmap):
+            h.data.close()
+
+
+def _walk(h: _Header, path: Path) -> None:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    h = _Header(path)
     if h.take(4, "the magic number") != b"GGUF":
         raise h.fail("it does not start with GGUF's magic number")
     version = h.uint(4, "the version")
