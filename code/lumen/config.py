@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, MissingFileError
 
+# the largest sizes a config may hold: each well above any released model's, and low enough that a damaged
+# file claiming 2^32 layers or 2^40 positions is refused before anything is built for it
+SIZE_LIMITS = {"vocab_size": 2**22, "context": 2**20, "d_model": 2**16, "n_layers": 2**10, "n_heads": 2**12,
+               "n_kv_heads": 2**12, "d_ff": 2**18}
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 MLP_KINDS = ("mlp", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
@@ -50,13 +56,7 @@ class ModelConfig:
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
-        for f in ("vocab_size", "context", "d_model", "n_layers", "n_heads"):
-            if getattr(self, f) <= 0:
-                raise ConfigError(f"ModelConfig.{f} must be positive, got {getattr(self, f)}")
-        for f in ("n_kv_heads", "d_ff"):
-            v = getattr(self, f)
-            if v is not None and v <= 0:
-                raise ConfigError(f"ModelConfig.{f} must be positive, got {v}")
+        self._check_types()
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
@@ -80,8 +80,33 @@ class ModelConfig:
                 )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
-        if self.norm_eps <= 0 or self.rope_theta <= 0:
-            raise ConfigError("ModelConfig.norm_eps and rope_theta must be positive")
+        for f in ("norm_eps", "rope_theta"):
+            if not getattr(self, f) > 0:
+                raise ConfigError(f"ModelConfig.{f} must be positive, got {getattr(self, f)}")
+
+    def _check_types(self) -> None:
+        """Every field of the type it promises and its sizes within SIZE_LIMITS, so that a config read from a
+        file fails here, with the field's name, rather than deep inside torch; numpy scalars become plain ones."""
+        for f, limit in SIZE_LIMITS.items():
+            v = getattr(self, f)
+            if v is None and f in ("n_kv_heads", "d_ff"):
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise ConfigError(f"ModelConfig.{f} must be a whole number, got {v!r}")
+            if not 1 <= v <= limit:
+                raise ConfigError(f"ModelConfig.{f} must be between 1 and {limit:,}, got {v:,}")
+            object.__setattr__(self, f, int(v))
+        for f in ("norm_eps", "rope_theta", "dropout"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+                raise ConfigError(f"ModelConfig.{f} must be a finite number, got {v!r}")
+            object.__setattr__(self, f, float(v))
+        for f in ("bias", "tie_embeddings"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"ModelConfig.{f} must be true or false, got {getattr(self, f)!r}")
+        for f in ("mlp", "activation", "norm", "norm_placement", "positions", "name"):
+            if not isinstance(getattr(self, f), str):
+                raise ConfigError(f"ModelConfig.{f} must be a string, got {getattr(self, f)!r}")
 
     # derived sizes -------------------------------------------------------------------------
     @property
@@ -129,7 +154,20 @@ class ModelConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """A config.json written by `save`; a damaged or invalid one is a ConfigError naming the file."""
+        path = Path(path)
+        if not path.is_file():
+            raise MissingFileError(f"no model config at {path}")
+        try:
+            d = json.loads(path.read_bytes().decode("utf-8"))
+        except ValueError as e:  # not UTF-8 (UnicodeDecodeError) or not JSON (JSONDecodeError)
+            raise ConfigError(f"{path} is not a JSON file ({e}); it is damaged: save the model again") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path} holds a JSON {type(d).__name__}, not a ModelConfig object; save the model again")
+        try:
+            return cls.from_dict(d)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e} (fix the file or save the model again)") from None
 
 
 def _gpt2(name: str, d: int, n_layers: int, n_heads: int) -> ModelConfig:

@@ -65,6 +65,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the unembedding
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        if self.lm_head.weight.is_meta:  # a shape-only template (from_state, accounting): no values to draw
+            return
 
         self.apply(self._init_weights)
         # after self.apply(self._init_weights): shrink the two residual-writing matrices per block,

@@ -17,7 +17,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as _HF
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from .errors import MissingFileError, UserError
+from .errors import MissingFileError, ModelFileError, UserError
 
 FILENAME = "tokenizer.json"
 SETTINGS = "tokenizer_config.json"  # beside a Hugging Face tokenizer.json: eos token, chat template
@@ -71,16 +71,38 @@ class Tokenizer:
             path = path / FILENAME
         if not path.is_file():
             raise MissingFileError(f"no tokenizer at {path} (expected a {FILENAME} saved by lumen)")
-        state = json.loads(path.read_text())
+        state = read_json(path, "tokenizer")
         kind = state.pop("lumen_tokenizer", "hf")
-        if kind not in _KINDS:
-            raise UserError(f"{path}: unknown tokenizer kind {kind!r}; known: {', '.join(_KINDS)}")
+        if not isinstance(kind, str) or kind not in _KINDS:
+            raise ModelFileError(f"{path}: unknown tokenizer kind {kind!r}; known: {', '.join(_KINDS)}")
         if kind != "hf":
-            return _KINDS[kind]._from_state(state)
-        tok = HFTokenizer._from_state(json.loads(path.read_text()))
+            return _KINDS[kind]._from_state(state, path)
+        tok = HFTokenizer._from_state(read_json(path, "tokenizer"), path)
         if (path.parent / SETTINGS).is_file():
             tok.read_settings(path.parent / SETTINGS)
         return tok
+
+    def check_fits(self, vocab_size: int, source: str) -> None:
+        """Refuse a tokenizer that can produce ids the model has no embedding for (a model's vocabulary
+        may be larger than its tokenizer's: padded embedding tables are common)."""
+        if self.vocab_size > vocab_size:
+            raise ModelFileError(
+                f"{source}: the tokenizer has {self.vocab_size:,} token ids but the model's vocabulary holds "
+                f"{vocab_size:,}; the tokenizer belongs to another model (use the one it was trained with)"
+            )
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from a file; a file that is not UTF-8, not JSON or not an object is a ModelFileError."""
+    try:
+        d = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError
+        raise ModelFileError(
+            f"{path} is not a readable {what} file ({e}); it is damaged: save or fetch it again"
+        ) from None
+    if not isinstance(d, dict):
+        raise ModelFileError(f"{path} holds a JSON {type(d).__name__}, not a {what} object; save or fetch it again")
+    return d
 
 
 class CharTokenizer(Tokenizer):
@@ -113,8 +135,12 @@ class CharTokenizer(Tokenizer):
         return {"chars": "".join(self.chars)}
 
     @classmethod
-    def _from_state(cls, state: dict) -> CharTokenizer:
-        return cls(list(state["chars"]))
+    def _from_state(cls, state: dict, path: Path | str = FILENAME) -> CharTokenizer:
+        chars = state.get("chars")
+        if not isinstance(chars, str) or not chars or len(set(chars)) != len(chars):
+            raise ModelFileError(f"{path}: 'chars' must be a non-empty string of distinct characters, got "
+                                 f"{str(chars)[:40]!r}; the file is damaged (save the tokenizer again)")
+        return cls(list(chars))
 
 
 class ByteTokenizer(Tokenizer):
@@ -136,7 +162,7 @@ class ByteTokenizer(Tokenizer):
         return {}
 
     @classmethod
-    def _from_state(cls, state: dict) -> ByteTokenizer:
+    def _from_state(cls, state: dict, path: Path | str = FILENAME) -> ByteTokenizer:
         return cls()
 
 
@@ -152,7 +178,8 @@ class HFTokenizer(Tokenizer):
 
     @property
     def vocab_size(self) -> int:
-        return self.tok.get_vocab_size(with_added_tokens=True)
+        """The number of ids: one more than the largest (a vocabulary with gaps still needs every row)."""
+        return max(self.tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -176,15 +203,23 @@ class HFTokenizer(Tokenizer):
 
     def read_settings(self, path: Path) -> None:
         """The end-of-sequence token and chat template of a tokenizer_config.json."""
-        settings = json.loads(path.read_text())
+        settings = read_json(path, "tokenizer settings")
         eos = settings.get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
+        template = settings.get("chat_template")
+        if not isinstance(eos, (str, type(None))) or not isinstance(template, (str, type(None))):
+            raise ModelFileError(f"{path}: eos_token and chat_template must be strings, got {eos!r} and "
+                                 f"{str(template)[:40]!r}; fix the file or fetch it again")
         self.eos_id = self.tok.token_to_id(eos) if eos else None
-        self.chat_template = settings.get("chat_template")
+        self.chat_template = template
 
     @classmethod
-    def _from_state(cls, state: dict) -> HFTokenizer:
-        tok = _HF.from_str(json.dumps(state))
+    def _from_state(cls, state: dict, path: Path | str = FILENAME) -> HFTokenizer:
+        try:
+            tok = _HF.from_str(json.dumps(state))
+        except Exception as e:  # the tokenizers library raises a bare Exception for any malformed part
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise ModelFileError(f"{path} is not a valid tokenizer ({reason}); save or fetch it again") from None
         return cls(tok, EOS if tok.token_to_id(EOS) is not None else None)
 
 

@@ -12,7 +12,6 @@ Specs, tried in this order:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 
 from ..errors import MissingFileError, UserError
 from ..model import GPT
-from ..tokenizers import Tokenizer
+from ..tokenizers import Tokenizer, read_json
 
 # named models -> the lumen.fetch artifact holding their GGUF file
 MODELS = {"smollm2": "smollm2"}
@@ -71,8 +70,12 @@ def _load(spec: str, device: str | torch.device, dtype: torch.dtype) -> tuple[GP
     if path.is_dir() and _is_hf_dir(path):
         from .hf import load_hf_dir
 
-        has_tokenizer = (path / "tokenizer.json").is_file()  # (with its tokenizer_config.json, read by load)
-        return load_hf_dir(path, device, dtype), Tokenizer.load(path) if has_tokenizer else None
+        model = load_hf_dir(path, device, dtype)
+        if not (path / "tokenizer.json").is_file():  # (with its tokenizer_config.json, read by load)
+            return model, None
+        tok = Tokenizer.load(path)
+        tok.check_fits(model.cfg.vocab_size, str(path / "tokenizer.json"))
+        return model, tok
     if path.is_dir():
         from .checkpoint import load_run
 
@@ -85,10 +88,7 @@ def _is_hf_dir(path: Path) -> bool:
     config = path / "config.json"
     if not config.is_file():
         return False
-    try:
-        return "model_type" in json.loads(config.read_text())
-    except ValueError:
-        raise UserError(f"{config} is not valid JSON (the directory is damaged; convert or save it again)") from None
+    return "model_type" in read_json(config, "model config")
 
 
 def chat_prompt(tok: Tokenizer, user_text: str) -> str:

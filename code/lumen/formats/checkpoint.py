@@ -32,7 +32,7 @@ from ..fetch import sha256_of
 from ..files import atomic_dir, recover_dir
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
-from ..tokenizers import Tokenizer
+from ..tokenizers import Tokenizer, read_json
 from .weights import read_safetensors
 
 WEIGHTS = "model.safetensors"
@@ -120,7 +120,10 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT,
     cfg = ModelConfig.load(ckpt / CONFIG)
     model = GPT.from_state(cfg, read_safetensors(ckpt / WEIGHTS), source=str(ckpt / WEIGHTS)).to(device)
     tok_path = ckpt / TOKENIZER_FILE
-    return model, (Tokenizer.load(tok_path) if tok_path.is_file() else None)
+    tok = Tokenizer.load(tok_path) if tok_path.is_file() else None
+    if tok is not None:
+        tok.check_fits(cfg.vocab_size, str(tok_path))
+    return model, tok
 
 
 def load_weights(model: GPT, state: dict[str, torch.Tensor], where: Path | str = "checkpoint") -> None:

@@ -12,13 +12,16 @@ Two things in a GGUF differ from the checkpoint it was converted from:
 
 from __future__ import annotations
 
+import functools
+import math
+import mmap
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..config import ModelConfig
-from ..errors import MissingFileError, ModelFileError
+from ..errors import ConfigError, MissingFileError, ModelFileError
 from ..model import GPT
 from ..tokenizers import HFTokenizer
 
@@ -58,27 +61,150 @@ class GGUFError(ModelFileError):
 # ---------------------------------------------------------------------------------------------
 # the file
 def open_gguf(path: str | Path):
-    """A `gguf.GGUFReader` over the file, with every tensor checked to lie inside it."""
+    """A `gguf.GGUFReader` over the file, after `check_layout` has walked its header."""
     from gguf import GGUFReader
 
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"no GGUF file at {path}")
+    check_layout(path)
     try:
-        reader = GGUFReader(path)
-    except Exception as e:  # the reader raises bare ValueError/IndexError/struct errors on damaged files
+        return GGUFReader(path)
+    except Exception as e:  # a backstop: the reader raises bare ValueError/KeyError/struct errors
         raise GGUFError(
             f"{path.name} is not a readable GGUF file ({type(e).__name__}: {_first_line(e)}); "
             "it is truncated or corrupted: download it again"
         ) from None
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
-            raise GGUFError(
-                f"{path.name} is truncated: tensor {t.name} needs bytes up to {t.data_offset + t.n_bytes:,} "
-                f"but the file has {size:,}; download it again"
-            )
-    return reader
+
+
+# GGUF value types: byte size of each scalar; 8 is a string (u64 length + bytes), 9 an array
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+_MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+
+
+class _Header:
+    """A cursor over a GGUF file's header: every read is checked against the bytes that are left, so a
+    damaged count or length is an error here, before the gguf package loops over it or allocates for it."""
+
+    def __init__(self, path: Path):
+        self.path, self.pos = path, 0
+        with open(path, "rb") as f:
+            self.data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if path.stat().st_size else b""
+
+    def fail(self, what: str) -> GGUFError:
+        return GGUFError(f"{self.path.name} is not a readable GGUF file: {what} (at byte {self.pos:,} of "
+                         f"{len(self.data):,}); it is truncated or damaged: download or convert it again")
+
+    def take(self, n: int, what: str) -> bytes:
+        if n > len(self.data) - self.pos:
+            raise self.fail(f"{what} needs {n:,} bytes but only {len(self.data) - self.pos:,} are left")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def uint(self, width: int, what: str) -> int:
+        return int.from_bytes(self.take(width, what), "little")
+
+    def count(self, what: str, item_bytes: int) -> int:
+        """A u64 count of items that take at least item_bytes each: no more than the bytes left can hold."""
+        n = self.uint(8, what)
+        if n * item_bytes > len(self.data) - self.pos:
+            raise self.fail(f"{what} is {n:,}, more than the rest of the file can hold")
+        return n
+
+    def string(self, what: str) -> str:
+        raw = self.take(self.count(f"the length of {what}", 1), what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not UTF-8") from None
+
+    def value(self, kind: int, key: str) -> int | None:
+        """Skip over one metadata value; returns it if it is an unsigned integer (for general.alignment)."""
+        if kind in _SCALAR_BYTES:
+            v = self.uint(_SCALAR_BYTES[kind], f"the value of {key}")
+            return v if kind in (4, 10) else None
+        if kind == _STRING:
+            self.string(f"the value of {key}")
+        elif kind == _ARRAY:
+            item = self.uint(4, f"the item type of {key}")
+            if item == _ARRAY:  # legal in the spec, but the gguf package cannot read it
+                raise self.fail(f"metadata {key!r} is an array of arrays, which lumen cannot read")
+            if item not in _SCALAR_BYTES and item != _STRING:
+                raise self.fail(f"metadata {key!r} has the unknown item type {item}")
+            n = self.count(f"the length of {key}", _SCALAR_BYTES.get(item, 8))
+            if item == _STRING:  # (not decoded here: metadata() reports an item that is not UTF-8)
+                for _ in range(n):
+                    self.take(self.count(f"the length of an item of {key}", 1), f"an item of {key}")
+            else:
+                self.take(n * _SCALAR_BYTES[item], f"the items of {key}")
+        else:
+            raise self.fail(f"metadata {key!r} has the unknown value type {kind}")
+        return None
+
+
+def check_layout(path: Path) -> None:
+    """Walk a GGUF header before the gguf package reads it: every count and length fits in the file, value and
+    tensor types are known, names are unique, and each tensor's bytes lie inside the file, after the header,
+    overlapping no other tensor's (a damaged offset would otherwise read another tensor's weights)."""
+    h = _Header(path)
+    try:
+        _walk(h, path)
+    finally:
+        if isinstance(h.data, mmap.mmap):
+            h.data.close()
+
+
+def _walk(h: _Header, path: Path) -> None:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    if h.take(4, "the magic number") != b"GGUF":
+        raise h.fail("it does not start with GGUF's magic number")
+    version = h.uint(4, "the version")
+    if version not in (2, 3):
+        raise h.fail(f"GGUF version {version} is not one lumen reads (2, 3; big-endian files are not supported)")
+    n_tensors, n_kv = h.count("the tensor count", 24), h.count("the metadata count", 13)
+    keys, alignment = set(), 32
+    for _ in range(n_kv):
+        key = h.string("a metadata key")
+        if key in keys:
+            raise h.fail(f"metadata key {key!r} appears twice")
+        keys.add(key)
+        v = h.value(h.uint(4, f"the type of {key}"), key)
+        if key == "general.alignment":
+            if v is None or v == 0 or v & (v - 1):
+                raise h.fail("general.alignment is not a power of two")
+            alignment = v
+    tensors = {}
+    for _ in range(n_tensors):
+        name = h.string("a tensor name")
+        n_dims = h.uint(4, f"the dimension count of {name}")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise h.fail(f"tensor {name} claims {n_dims} dimensions")
+        dims = [h.uint(8, f"a dimension of {name}") for _ in range(n_dims)]
+        kind, offset = h.uint(4, f"the type of {name}"), h.uint(8, f"the offset of {name}")
+        if name in tensors:
+            raise h.fail(f"tensor {name} appears twice")
+        try:
+            block, type_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            raise h.fail(f"tensor {name} has the unknown type id {kind}") from None
+        if not _can_dequantize(GGMLQuantizationType(kind)):
+            raise GGUFError(f"{path.name}: {_unsupported(name, GGMLQuantizationType(kind))}")
+        if min(dims) < 1 or dims[0] % block or offset % alignment:
+            raise h.fail(f"tensor {name} has dimensions {dims} or offset {offset:,} that do not fit its type")
+        n_bytes = math.prod(dims) // block * type_bytes
+        tensors[name] = (offset, n_bytes)
+    start = -(-h.pos // alignment) * alignment
+    end = start
+    for name, (offset, n_bytes) in sorted(tensors.items(), key=lambda kv: kv[1]):
+        if start + offset < end:
+            raise h.fail(f"tensor {name}'s bytes overlap another tensor's")
+        end = start + offset + n_bytes
+        if end > len(h.data):
+            raise GGUFError(f"{path.name} is truncated: tensor {name} needs bytes up to {end:,} but the file has "
+                            f"{len(h.data):,}; download it again")
 
 
 def metadata(reader) -> dict:
@@ -99,7 +225,8 @@ def _first_line(e: Exception) -> str:
 # ---------------------------------------------------------------------------------------------
 # the model
 def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf") -> ModelConfig:
-    """A ModelConfig from llama.cpp's `{arch}.*` metadata keys."""
+    """A ModelConfig from llama.cpp's `{arch}.*` metadata keys (each checked for its type: a damaged value is a
+    GGUFError naming the key)."""
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise GGUFError(
@@ -107,32 +234,38 @@ def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf") -> 
             "use a Llama-family model"
         )
 
-    def key(k: str, default=None):
+    def key(k: str, default=None, kind: type = int):
         v = meta.get(f"{arch}.{k}", default)
         if v is None:
             raise GGUFError(f"GGUF metadata lacks {arch}.{k}; the file is incomplete")
+        if isinstance(v, bool) or not isinstance(v, int if kind is int else (int, float)):
+            raise GGUFError(f"GGUF metadata {arch}.{k} must be a {'whole ' if kind is int else ''}number, got {v!r}")
         return v
 
-    d, n_heads = int(key("embedding_length")), int(key("attention.head_count"))
-    head_dim = d // n_heads
-    rot = int(key("rope.dimension_count", head_dim))
-    if rot != head_dim or int(key("attention.key_length", head_dim)) != head_dim:
-        raise GGUFError(f"partial rotary or unusual head sizes (rope dims {rot}, head_dim {head_dim}) "
-                        "are not supported")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", ""):
         raise GGUFError(f"RoPE scaling {scaling!r} is not supported (only plain RoPE)")
-    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = meta.get(f"{arch}.vocab_size") or (len(tokens) if isinstance(tokens, list) else 0)
     if not vocab:
         raise GGUFError("GGUF metadata gives no vocabulary size (no vocab_size, no tokenizer tokens)")
-    return ModelConfig(
-        name=name, vocab_size=int(vocab), context=int(key("context_length")), d_model=d,
-        n_layers=int(key("block_count")), n_heads=n_heads, n_kv_heads=int(key("attention.head_count_kv", n_heads)),
-        d_ff=int(key("feed_forward_length")), mlp="swiglu", activation="silu", norm="rmsnorm",
-        norm_eps=float(key("attention.layer_norm_rms_epsilon")), positions="rope",
-        rope_theta=float(key("rope.freq_base", 10000.0)), bias=False,
-        tie_embeddings="output.weight" not in tensor_names,
-    )
+    n_heads = key("attention.head_count")
+    try:
+        cfg = ModelConfig(
+            name=name, vocab_size=vocab, context=key("context_length"), d_model=key("embedding_length"),
+            n_layers=key("block_count"), n_heads=n_heads, n_kv_heads=key("attention.head_count_kv", n_heads),
+            d_ff=key("feed_forward_length"), mlp="swiglu", activation="silu", norm="rmsnorm",
+            norm_eps=key("attention.layer_norm_rms_epsilon", kind=float), positions="rope",
+            rope_theta=key("rope.freq_base", 10000.0, kind=float), bias=False,
+            tie_embeddings="output.weight" not in tensor_names,
+        )
+    except ConfigError as e:
+        raise GGUFError(f"the metadata describes no valid model: {e}") from None
+    rot = key("rope.dimension_count", cfg.head_dim)
+    if rot != cfg.head_dim or key("attention.key_length", cfg.head_dim) != cfg.head_dim:
+        raise GGUFError(f"partial rotary or unusual head sizes (rope dims {rot}, head_dim {cfg.head_dim}) "
+                        "are not supported")
+    return cfg
 
 
 def dequantize(t) -> np.ndarray:
@@ -142,12 +275,32 @@ def dequantize(t) -> np.ndarray:
     try:
         x = quants.dequantize(t.data, t.tensor_type)
     except NotImplementedError:
+        raise _unsupported(t.name, t.tensor_type) from None
+    except ValueError as e:  # quants' own check: a byte count that is not whole blocks of the type
         raise GGUFError(
-            f"tensor {t.name} uses quantization type {t.tensor_type.name}, which the gguf package cannot "
-            "dequantize; use a file quantized as F32, F16, BF16, Q4_0..Q8_0 or a K/IQ type"
+            f"tensor {t.name}'s bytes do not fit its type {t.tensor_type.name} ({_first_line(e)})"
         ) from None
     shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions innermost first
     return np.array(x, dtype=np.float32).reshape(shape)  # a copy: the file's memory map stays read-only
+
+
+def _unsupported(name: str, kind) -> GGUFError:
+    return GGUFError(
+        f"tensor {name} uses quantization type {kind.name}, which the gguf package cannot "
+        "dequantize; use a file quantized as F32, F16, BF16, Q4_0..Q8_0 or a K/IQ type"
+    )
+
+
+@functools.cache
+def _can_dequantize(kind) -> bool:
+    """Whether the gguf package dequantizes this type (tried on one block of zeros)."""
+    from gguf import GGML_QUANT_SIZES, quants
+
+    try:
+        quants.dequantize(np.zeros(GGML_QUANT_SIZES[kind][1], np.uint8), kind)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -160,12 +313,13 @@ def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def state_from_gguf(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Every tensor dequantized, renamed to lumen's parameter names, Q/K rows in lumen's RoPE order."""
+    """Every tensor dequantized, renamed to lumen's parameter names, Q/K rows in lumen's RoPE order.
+    Names, block count, shapes and types are checked against `cfg` first: nothing is dequantized or
+    built for a file that disagrees with its own metadata."""
+    check_tensors(reader, cfg)
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         name = _lumen_name(t.name)
-        if name is None:  # e.g. biases, rope_freqs (Llama 3.1 RoPE scaling): a variant lumen cannot hold
-            raise GGUFError(f"tensor {t.name} has no place in lumen's Llama model; this variant is not supported")
         w = torch.from_numpy(dequantize(t))
         if name.endswith("attn.q.weight"):
             w = unpermute(w, cfg.n_heads)
@@ -173,6 +327,31 @@ def state_from_gguf(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
             w = unpermute(w, cfg.kv_heads)
         state[name] = w
     return state
+
+
+def check_tensors(reader, cfg: ModelConfig) -> None:
+    """The tensors are the ones `cfg` needs: known names, one set per block, shapes as the config says,
+    float or quantized types (not integers)."""
+    from gguf import GGMLQuantizationType as T
+
+    names = {}
+    for t in reader.tensors:
+        name = _lumen_name(t.name)
+        if name is None:  # e.g. biases, rope_freqs (Llama 3.1 RoPE scaling): a variant lumen cannot hold
+            raise GGUFError(f"tensor {t.name} has no place in lumen's Llama model; this variant is not supported")
+        names[name] = t
+    blocks = {n.split(".")[1] for n in names if n.startswith("blocks.")}
+    if blocks != {str(i) for i in range(cfg.n_layers)}:
+        raise GGUFError(f"the metadata says {cfg.n_layers} blocks but the tensors belong to blocks "
+                        f"{sorted(blocks, key=int)[:8]}; the file is damaged or mislabelled")
+    with torch.device("meta"):
+        want = GPT(cfg).state_dict()
+    for name, t in names.items():
+        shape = tuple(int(n) for n in reversed(t.shape))
+        if shape != tuple(want[name].shape):
+            raise GGUFError(f"tensor {t.name} has shape {shape} but the metadata needs {tuple(want[name].shape)}")
+        if t.tensor_type in (T.I8, T.I16, T.I32, T.I64):
+            raise GGUFError(f"tensor {t.name} holds integers ({t.tensor_type.name}); weights must be floating point")
 
 
 def _lumen_name(gguf_name: str) -> str | None:
@@ -198,9 +377,16 @@ def tokenizer_from_gguf(meta: dict) -> HFTokenizer:
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
         raise GGUFError(f"pre-tokenizer {pre!r} is not supported; supported: {', '.join(PRE_TOKENIZERS)}")
-    tokens = list(meta["tokenizer.ggml.tokens"])
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    tok = _HF(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    tokens = _list_of(meta, "tokenizer.ggml.tokens", str, required=True)
+    merges = _list_of(meta, "tokenizer.ggml.merges", str)
+    if any(m.count(" ") != 1 for m in merges):
+        raise GGUFError("tokenizer.ggml.merges holds an entry that is not two tokens joined by one space; "
+                        "the tokenizer metadata is damaged")
+    try:
+        tok = _HF(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[tuple(m.split(" ")) for m in merges],
+                             fuse_unk=False))
+    except Exception as e:  # tokenizers raises a bare Exception, e.g. for a merge of unknown tokens
+        raise GGUFError(f"the tokenizer metadata is damaged ({_first_line(e)})") from None
     if pre in _DIGITS_THEN_GPT2:  # every digit its own piece, then GPT-2's split
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
@@ -213,26 +399,51 @@ def tokenizer_from_gguf(meta: dict) -> HFTokenizer:
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    types = list(meta.get("tokenizer.ggml.token_type") or [])
+    types = _list_of(meta, "tokenizer.ggml.token_type", int)
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
                             for t, ty in zip(tokens, types) if ty == CONTROL])
     tok.add_tokens([AddedToken(t, normalized=False, special=False)
                     for t, ty in zip(tokens, types) if ty == USER_DEFINED])
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    out = HFTokenizer(tok, eos_token=tokens[eos] if eos is not None and eos < len(tokens) else None)
-    out.chat_template = meta.get("tokenizer.chat_template")
+    if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < len(tokens)):
+        raise GGUFError(f"tokenizer.ggml.eos_token_id {eos!r} is not a token id (0..{len(tokens) - 1})")
+    template = meta.get("tokenizer.chat_template")
+    if not isinstance(template, (str, type(None))):
+        raise GGUFError(f"tokenizer.chat_template must be a string, got {template!r}")
+    out = HFTokenizer(tok, eos_token=tokens[eos] if eos is not None else None)
+    out.chat_template = template
     return out
+
+
+def _list_of(meta: dict, key: str, kind: type, required: bool = False) -> list:
+    """A metadata array whose items are all of one type (bool is not an int here)."""
+    v = meta.get(key)
+    if v is None and not required:
+        return []
+    if not isinstance(v, list) or not v or any(isinstance(x, bool) or not isinstance(x, kind) for x in v):
+        raise GGUFError(f"GGUF metadata {key} must be a non-empty array of {kind.__name__}s; the file is damaged")
+    return v
 
 
 # ---------------------------------------------------------------------------------------------
 def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], HFTokenizer]:
-    """(ModelConfig, state dict in lumen's names, tokenizer) from a GGUF file."""
-    reader = open_gguf(path)
-    meta = metadata(reader)
-    names = {t.name for t in reader.tensors}
-    cfg = config_from_gguf(meta, names, name=str(meta.get("general.name") or Path(path).stem))
-    state = state_from_gguf(reader, cfg)
-    return cfg, state, tokenizer_from_gguf(meta)
+    """(ModelConfig, state dict in lumen's names, tokenizer) from a GGUF file; whatever is wrong with
+    the file is a GGUFError naming it."""
+    path = Path(path)
+    try:
+        reader = open_gguf(path)
+        meta = metadata(reader)
+        names = {t.name for t in reader.tensors}
+        title = meta.get("general.name")
+        cfg = config_from_gguf(meta, names, name=title if isinstance(title, str) and title else path.stem)
+        tok = tokenizer_from_gguf(meta)
+        tok.check_fits(cfg.vocab_size, "the tokenizer metadata")
+        state = state_from_gguf(reader, cfg)
+    except ModelFileError as e:
+        if path.name in str(e):
+            raise
+        raise GGUFError(f"{path.name}: {e}") from None
+    return cfg, state, tok
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

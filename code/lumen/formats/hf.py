@@ -10,7 +10,9 @@ and fuses W_Q, W_K, W_V into one c_attn matrix.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,8 +20,9 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ..errors import MissingFileError, ModelFileError
+from ..errors import ConfigError, MissingFileError, ModelFileError
 from ..model import GPT
+from ..tokenizers import read_json
 from .weights import read_safetensors
 
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
@@ -63,7 +66,45 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     }
 
 
+# the config.json keys config_from_hf reads, by the type their values must have; and the ones it needs
+_HF_INTS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "hidden_size", "intermediate_size",
+            "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "head_dim")
+_HF_FLOATS = ("layer_norm_epsilon", "rms_norm_eps", "rope_theta")
+_HF_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "scale_attn_by_inverse_layer_idx",
+             "reorder_and_upcast_attn")
+_HF_REQUIRED = {"gpt2": ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"),
+                "llama": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")}
+
+
+def check_hf_config(c: object) -> None:
+    """The values config_from_hf reads have the types they promise (a damaged config.json fails here with the
+    key's name); ModelConfig then checks their ranges. null means "the default" for the optional keys."""
+    if not isinstance(c, dict):
+        raise ModelFileError(f"the config holds a JSON {type(c).__name__}, not an object")
+    kind = c.get("model_type")
+    if not isinstance(kind, str):
+        raise ModelFileError(f"'model_type' must be a string such as \"llama\", got {kind!r}")
+    for key in _HF_REQUIRED.get("llama" if kind in ("mistral", "qwen2") else kind, ()):
+        if c.get(key) is None:
+            raise ModelFileError(f"the config lacks {key!r}, which a {kind} model needs")
+    for keys, ok, what in ((_HF_INTS, lambda v: isinstance(v, int) and v > 0, "a positive whole number"),
+                           (_HF_FLOATS, lambda v: isinstance(v, (int, float)) and math.isfinite(v), "a finite number"),
+                           (_HF_BOOLS, lambda v: True, "true or false")):
+        for key in keys:
+            v = c.get(key)
+            if (v is not None or keys is _HF_FLOATS and key in c) and (isinstance(v, bool) != (keys is _HF_BOOLS)
+                                                                       or not ok(v)):
+                raise ModelFileError(f"{key!r} must be {what}, got {v!r}")
+    for key in ("rope_parameters", "rope_scaling"):
+        if not isinstance(c.get(key), (dict, type(None))):
+            raise ModelFileError(f"{key!r} must be an object, got {c[key]!r}")
+    rope_theta = (c.get("rope_parameters") or {}).get("rope_theta")
+    if rope_theta is not None and (isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float))):
+        raise ModelFileError(f"rope_parameters.rope_theta must be a number, got {rope_theta!r}")
+
+
 def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
+    check_hf_config(c)
     kind = c.get("model_type")
     if kind == "gpt2":
         act = c.get("activation_function", "gelu_new")
@@ -206,14 +247,46 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
     path = Path(path)
     if not (path / "config.json").is_file():
         raise MissingFileError(f"{path} has no config.json (expected a Hugging Face model directory)")
-    cfg = config_from_hf(json.loads((path / "config.json").read_text()), name=path.name)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise MissingFileError(f"{path} has no *.safetensors weights (pickled .bin files are not read: convert them)")
+    c = read_json(path / "config.json", "model config")
+    try:
+        cfg = config_from_hf(c, name=path.name)
+    except (ModelFileError, ConfigError) as e:  # (ConfigError: a value out of ModelConfig's ranges)
+        raise ModelFileError(f"{path / 'config.json'}: {e}") from None
     hf: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in weight_files(path):
         hf.update(read_safetensors(f))
-    return GPT.from_state(cfg, from_hf(hf, cfg), source=str(path), dtype=dtype).to(device)
+    layers = {int(m.group(1)) for k in hf if (m := re.search(r"\.(?:layers|h)\.(\d+)\.", k))}
+    if layers != set(range(cfg.n_layers)):
+        raise ModelFileError(f"{path}: config.json says {cfg.n_layers} layers but the weights hold layers "
+                             f"{sorted(layers)[:8]}{'...' if len(layers) > 8 else ''}; they belong to different models")
+    try:
+        state = from_hf(hf, cfg)
+    except ModelFileError as e:
+        raise ModelFileError(f"{path}: {e}") from None
+    return GPT.from_state(cfg, state, source=str(path), dtype=dtype).to(device)
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a Hugging Face directory: the shards model.safetensors.index.json names, or
+    model.safetensors. Other *.safetensors files beside them (adapters, old copies) are not the model's."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index, "weights index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelFileError(f"{index} has no weight_map of tensor names to files; the directory is damaged")
+        names = set(weight_map.values())
+        if not all(isinstance(n, str) and n == Path(n).name and n.endswith(".safetensors") for n in names):
+            raise ModelFileError(f"{index}: the weight_map must name .safetensors files in {path}, got "
+                                 f"{sorted(map(str, names))[:3]}")
+        for n in names:
+            if not (path / n).is_file():
+                raise MissingFileError(f"{path} lacks {n}, a shard that {index.name} names; download it again")
+        return [path / n for n in sorted(names)]
+    if not (path / "model.safetensors").is_file():
+        found = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))[:3]) or "none"
+        raise MissingFileError(f"{path} has no model.safetensors or model.safetensors.index.json (*.safetensors "
+                               f"found: {found}); pickled .bin files are not read: convert them")
+    return [path / "model.safetensors"]
 
 
 def save_hf_dir(model: GPT, path: str | Path) -> Path:

@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..errors import MissingFileError, UserError
+from ..errors import MissingFileError, ModelFileError, UserError
 from ..files import atomic_path
+from ..formats.weights import read_safetensors
 from ..model import GPT
 from ..progress import progress
 from .lens import Lens, kl_to_final, streams
@@ -88,17 +89,16 @@ class TunedLens(Lens):
 
     @classmethod
     def load(cls, path: str | Path, model: GPT) -> TunedLens:
-        """A saved lens, attached to `model`; a clear error if it was trained for another model."""
+        """A saved lens, attached to `model`; a clear error if it was trained for another model or the file
+        is damaged (wrong names, shapes or types, NaN)."""
         path = Path(path)
         if not path.is_file():
             raise MissingFileError(f"no tuned lens at {path} (train one with `lumen tuned-lens train MODEL`)")
-        try:
-            with safe_open(str(path), "pt") as f:
-                meta = f.metadata() or {}
-        except Exception as e:  # safetensors raises its own error types for a damaged header
-            raise UserError(f"{path} is not a safetensors tuned-lens file ({e})") from None
+        state = read_safetensors(path)  # (a damaged file is a ModelFileError naming it)
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
         if meta.get("kind") != KIND:
-            raise UserError(f"{path} is not a tuned lens saved by lumen (metadata kind {meta.get('kind')!r})")
+            raise ModelFileError(f"{path} is not a tuned lens saved by lumen (metadata kind {meta.get('kind')!r})")
         lens = cls(model)
         if meta.get("unembedding_sha256") != lens.model_hash:
             raise UserError(
@@ -106,9 +106,18 @@ class TunedLens(Lens):
                 "unembedding hash does not match this model's (train a lens for this model with "
                 "`lumen tuned-lens train MODEL --corpus ...`)"
             )
-        state = load_file(str(path))
-        if int(meta.get("n_layers", -1)) != lens.n_layers:
-            raise UserError(f"{path} has {meta.get('n_layers')} translators; this model has {lens.n_layers} layers")
+        if meta.get("n_layers") != str(lens.n_layers):
+            raise ModelFileError(
+                f"{path} has {meta.get('n_layers')} translators; this model has {lens.n_layers} layers"
+            )
+        want = lens.translators.state_dict()
+        if set(state) != set(want):
+            raise ModelFileError(f"{path} holds tensors {sorted(set(state) ^ set(want))[:3]} that do not fit this "
+                                 f"model's {lens.n_layers} translators; the file is damaged (train the lens again)")
+        for name, t in state.items():
+            if not t.is_floating_point() or t.shape != want[name].shape or not torch.isfinite(t).all():
+                raise ModelFileError(f"{path}: tensor {name} ({t.dtype}, {tuple(t.shape)}) is not a finite float "
+                                     f"tensor of shape {tuple(want[name].shape)}; the file is damaged")
         lens.translators.load_state_dict({k: v.to(model.lm_head.weight) for k, v in state.items()})
         return lens
 
