@@ -10,8 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "code" / "lumen"
 
-# the model core: the chapter's block and what a GPT needs to exist, be counted and fail clearly
-CORE = {"config", "block", "attention", "model", "accounting", "errors", "files"}
+# the model core: the chapter's block and what a GPT needs to exist, be counted and fail clearly (and the
+# utilities every room shares: errors, atomic files, the progress bar)
+CORE = {"config", "block", "attention", "model", "accounting", "errors", "files", "progress"}
 # what may be imported by each layer above the core (the core itself is open to everyone)
 ALLOWED = {
     "packing": set(),
@@ -20,9 +21,9 @@ ALLOWED = {
     "evaluate": set(),
     "formats": {"tokenizers", "fetch", "packing"},
     "data": {"tokenizers", "fetch", "formats"},
-    "report": set(),
+    "report": {"inspect", "tokenizers"},
     "train": {"tokenizers", "data", "formats"},
-    "inspect": {"tokenizers", "data", "evaluate"},
+    "inspect": {"tokenizers", "data", "evaluate", "formats"},
     "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report"},
     "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments"},
     "__main__": {"cli"},
@@ -49,8 +50,13 @@ def _lumen_imports(source: str, package: list[str]) -> set[str]:
             names = [a.name.split(".") for a in node.names]
         else:
             continue
-        found |= {n[1] for n in names if n[0] == "lumen" and len(n) > 1}
+        # (a name that is not a module, e.g. `from .. import __version__`, is an attribute of the package)
+        found |= {n[1] for n in names if n[0] == "lumen" and len(n) > 1 and _is_module(n[1])}
     return found
+
+
+def _is_module(name: str) -> bool:
+    return (ROOT / f"{name}.py").is_file() or (ROOT / name / "__init__.py").is_file()
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -82,10 +88,16 @@ def f():
     assert {"attention", "block", "config", "errors"} <= import_graph()["model"]
 
 
+# the one documented exception: GPT.run_with_cache (TransformerLens's entry point) imports lumen.inspect when
+# called, inside the method; importing the core still loads nothing above it (tests/test_model.py checks that)
+CALLED_NOT_IMPORTED = {"model": {"inspect"}}
+
+
 def test_the_core_imports_only_the_core():
     graph = import_graph()
     for name in CORE:
-        assert graph[name] <= CORE, f"lumen.{name} imports {sorted(graph[name] - CORE)}"
+        extra = graph[name] - CORE - CALLED_NOT_IMPORTED.get(name, set())
+        assert not extra, f"lumen.{name} imports {sorted(extra)}"
 
 
 def test_every_layer_imports_only_what_the_architecture_page_allows():
