@@ -32,7 +32,7 @@ from ..fetch import sha256_of
 from ..files import atomic_dir, recover_dir
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
-from ..tokenizers import Tokenizer, read_json
+from ..tokenizers import Tokenizer
 from .weights import read_safetensors
 
 WEIGHTS = "model.safetensors"
