@@ -221,6 +221,8 @@ class Trainer:
 
     def evaluate_and_save(self, train_loss: float, bar) -> float:
         val = self.evaluate()
+        if not math.isfinite(val):
+            raise TrainingError(self.bad_loss_message(val, "validation loss", self.step))
         rec = {"step": self.step, "val_loss": val, "train_loss": train_loss, "tokens": self.tokens}
         if self.cfg.sample_tokens and self.dist.main:
             rec["sample"] = self.sample()
@@ -306,8 +308,8 @@ class Trainer:
                 + (", compiled (the first step compiles: ~30 s on a new machine, then cached)"
                    if self.cfg.compile else ""))
 
-    def bad_loss_message(self, value: float, what: str = "loss") -> str:
+    def bad_loss_message(self, value: float, what: str = "loss", step: int | None = None) -> str:
         newest = self.run_dir.newest() if self.run_dir is not None else None
         keep = f"the last good checkpoint is {newest}" if newest else "no checkpoint was written yet"
-        return (f"the {what} became {value} at step {self.step + 1}; training stopped and {keep}. "
+        return (f"the {what} became {value} at step {step or self.step + 1}; training stopped and {keep}. "
                 f"Lower lr (now {self.cfg.lr}), raise warmup, or keep grad_clip on")
