@@ -27,6 +27,7 @@ def tiny(*sets: str):
     ("val_fraction=1.5", "val_fraction"), ("corpus=''", "corpus"), ("corpus=[]", "corpus"),
     ("out_dir=''", "out_dir"), ("seed=-1", "seed"), ("steps=0", "steps"), ("steps=2.5", "steps"),
     ("model.norm_eps=nan", "norm_eps"), ("model=5", "model"), ("model.preset=3", "preset"),
+    ("weight_decay=9223372036854775807", "weight_decay"), ("temperature=1e-45", "temperature"),
     ("tokenizer='bpe'", "vocab_size"),  # tiny's default vocab_size is the char run's 2048: fine; below 257 not
 ])
 def test_bad_settings_are_refused_when_read(setting, key):

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import CorpusError, LumenError, MissingFileError
+from .errors import CorpusError, MissingFileError
 from .fetch import cache_dir, fetch, sha256_of
 from .files import atomic_dir
 from .formats.gguf import metadata, open_gguf, tokenizer_from_gguf
@@ -36,7 +36,7 @@ from .tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, train_bpe
 # nanoGPT comparison in the README, validates on the same text.
 SHAKESPEARE_VALIDATION = ("hamlet", "twelfth_night", "henry_v", "tempest", "julius_caesar")
 TOKENIZERS = ("char", "byte", "bpe", "smollm2")  # or the path of a tokenizer.json
-FORMAT_VERSION = 2  # 2: meta.json holds each token file's sha256
+FORMAT_VERSION = 2  # 2: meta.json holds the sha256 of the token files and the tokenizer's
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ class TokenData:
         self.meta = read_meta(self.folder)
         try:
             self.tokenizer = Tokenizer.load(self.folder / TOKENIZER_FILE)
-        except (LumenError, ValueError, KeyError, TypeError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever the tokenizer library raises, the entry is damaged
             raise CorpusError(f"token cache {self.folder}: its tokenizer is damaged ({e})") from None
         if self.tokenizer.vocab_size != self.meta["vocab_size"]:
             raise CorpusError(f"token cache {self.folder}: tokenizer and meta.json disagree on the vocabulary")
@@ -221,6 +221,9 @@ def read_meta(folder: Path) -> dict:
             path = folder / f"{s}.bin"
             if path.stat().st_size != tokens * dtype.itemsize or sha256_of(path) != digest:
                 raise ValueError(f"{s}.bin")
+        for name, digest in meta["tokenizer_files"].items():  # tokenizer.json (and its settings file)
+            if "/" in name or sha256_of(folder / name) != digest:
+                raise ValueError(name)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CorpusError(f"token cache {folder} is damaged ({type(e).__name__}: {e})") from None
     return meta
@@ -271,6 +274,7 @@ def prepare(
                           "sha256": sha256_of(tmp / f"{name}.bin")}
             meta["dtype"] = ids.dtype.name
         tok.save(tmp)
+        meta["tokenizer_files"] = {f.name: sha256_of(f) for f in sorted(tmp.iterdir()) if f.suffix != ".bin"}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     try:
         return TokenData(folder)

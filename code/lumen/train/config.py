@@ -92,6 +92,11 @@ class TrainConfig:
                 raise ConfigError(f"{f} must be >= 0, got {getattr(self, f)}")
         if self.lr == 0:
             raise ConfigError("lr must be positive, got 0 (a run that cannot learn)")
+        if self.lr * self.weight_decay >= 1:  # AdamW shrinks each matrix by (1 - lr weight_decay) per step
+            raise ConfigError(f"weight_decay ({self.weight_decay}) times lr ({self.lr}) must be below 1: each step "
+                              f"multiplies the weights by 1 - lr x weight_decay (usual: weight_decay = 0.1)")
+        if 0 < self.temperature < 1e-3:
+            raise ConfigError(f"temperature {self.temperature} is too small to divide by; use 0 for greedy samples")
         if self.min_lr > self.lr:
             raise ConfigError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
         for f in ("beta1", "beta2"):

@@ -33,7 +33,7 @@ from .machine import TrainingInterrupted, ctrl_c, resolve_device, run_settings, 
 from .optim import clip_and_step, lr_at, make_optimizer, set_lr
 from .result import TrainResult, summary_line
 from .rundir import RunDir, resume_from
-from .speed import matmul_peak, training_flops_per_token
+from .speed import Throughput, matmul_peak, training_flops_per_token
 
 __all__ = ["TrainResult", "TrainingError", "TrainingInterrupted", "train", "training_attention"]
 
@@ -119,36 +119,29 @@ class Trainer:
             self.open_run_dir(resume)
         if self.step >= cfg.steps:  # a finished run: nothing to train; report what it recorded
             return self.finished()
-        flops_per_token = training_flops_per_token(self.model_cfg, self.T)
         peak = matmul_peak(self.device, torch.bfloat16 if self.bf16 else torch.float32)
-        tokens_per_step = cfg.windows_per_step * self.T
+        speed = Throughput(cfg.windows_per_step * self.T, training_flops_per_token(self.model_cfg, self.T), peak)
         bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr,
                    disable=not self.talks)
         if self.talks:
-            bar.write(self.banner(tokens_per_step), file=sys.stderr)
-        t_start = window_t = time.perf_counter()
-        train_time, session_tokens, window_tokens, loss, val, stopped = 0.0, 0, 0, None, None, "done"
+            bar.write(self.banner(speed.tokens_per_step), file=sys.stderr)
+        t_start, loss, val, stopped = time.perf_counter(), None, None, "done"
         with ctrl_c() as interrupted:
             while self.step < cfg.steps:
                 t0 = time.perf_counter()
                 loss, lr, gnorm = self.train_step()
-                train_time += time.perf_counter() - t0
-                session_tokens += tokens_per_step
-                window_tokens += tokens_per_step
+                speed.add(time.perf_counter() - t0)
                 if self.step % cfg.log_interval == 0 or self.step == cfg.steps:
-                    now = time.perf_counter()
-                    tps = window_tokens / max(now - window_t, 1e-9)
                     rec = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": gnorm, "tokens": self.tokens,
-                           "tokens_per_s": round(tps, 1), "mfu": round(tps * flops_per_token / peak, 4)}
+                           **speed.window()}
                     self.record(rec)
-                    bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}", mfu=f"{rec['mfu']:.0%}", refresh=False)
-                    window_t, window_tokens = now, 0
+                    bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rec['tokens_per_s']:,.0f}", mfu=f"{rec['mfu']:.0%}",
+                                    refresh=False)
                 bar.update(1)
                 out_of_time = bool(cfg.max_time) and time.perf_counter() - t_start > cfg.max_time
                 stop = distributed.any_rank(self.dist, out_of_time, interrupted.is_set())
                 if self.step % cfg.eval_interval == 0 or self.step == cfg.steps or stop[0]:
                     val = self.evaluate_and_save(loss, bar)
-                    window_t, window_tokens = time.perf_counter(), 0  # evaluation time is not training time
                 if stop[1]:
                     bar.close()
                     raise TrainingInterrupted(self.step, self.checkpoint_now())
@@ -156,13 +149,11 @@ class Trainer:
                     stopped = "max_time"
                     break
         bar.close()
-        tps = session_tokens / max(train_time, 1e-9)
         result = TrainResult(
             final_val_loss=val, best_val_loss=self.best if math.isfinite(self.best) else val,
-            final_train_loss=loss, steps=self.step, tokens=self.tokens, tokens_per_s=tps,
-            mfu=tps * flops_per_token / peak, wall_time=time.perf_counter() - t_start, history=self.history,
-            model=self.raw.eval(), tokenizer=self.tokenizer, run_dir=self.path,
-            chars_per_token=self.val_chars_per_token, stopped=stopped,
+            final_train_loss=loss, steps=self.step, tokens=self.tokens, tokens_per_s=speed.tokens_per_s,
+            mfu=speed.mfu, wall_time=time.perf_counter() - t_start, history=self.history, model=self.raw.eval(),
+            tokenizer=self.tokenizer, run_dir=self.path, chars_per_token=self.val_chars_per_token, stopped=stopped,
         )
         if self.writes:
             self.run_dir.write_summary(result.summary(processes=self.dist.world, bf16=self.bf16,
@@ -230,6 +221,8 @@ class Trainer:
 
     def evaluate_and_save(self, train_loss: float, bar) -> float:
         val = self.evaluate()
+        if not math.isfinite(val):
+            raise TrainingError(self.bad_loss_message(val, "validation loss", self.step))
         rec = {"step": self.step, "val_loss": val, "train_loss": train_loss, "tokens": self.tokens}
         if self.cfg.sample_tokens and self.dist.main:
             rec["sample"] = self.sample()
@@ -315,8 +308,8 @@ class Trainer:
                 + (", compiled (the first step compiles: ~30 s on a new machine, then cached)"
                    if self.cfg.compile else ""))
 
-    def bad_loss_message(self, value: float, what: str = "loss") -> str:
+    def bad_loss_message(self, value: float, what: str = "loss", step: int | None = None) -> str:
         newest = self.run_dir.newest() if self.run_dir is not None else None
         keep = f"the last good checkpoint is {newest}" if newest else "no checkpoint was written yet"
-        return (f"the {what} became {value} at step {self.step + 1}; training stopped and {keep}. "
+        return (f"the {what} became {value} at step {step or self.step + 1}; training stopped and {keep}. "
                 f"Lower lr (now {self.cfg.lr}), raise warmup, or keep grad_clip on")

@@ -80,7 +80,11 @@ class RunDir:
 
     def start(self, cfg: TrainConfig, model_cfg: ModelConfig, tokenizer: Tokenizer, history: list[dict]) -> None:
         """Write the run's config and tokenizer, and metrics.jsonl as of the step the run starts from."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"out_dir {self.path} cannot be made ({e.strerror or e}); set out_dir to a folder "
+                              f"you can write") from None
         write_text(self.path / "config.toml", to_toml(cfg, model_cfg))
         with atomic_dir(self.path / ".tokenizer") as tmp:
             tokenizer.save(tmp)

@@ -50,3 +50,34 @@ def _peak(device: torch.device, dtype: torch.dtype, n: int, seconds: float, thre
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class Throughput:
+    """Tokens per second and MFU of the training steps: over the whole session, and over the window since the
+    last log line. Time spent outside steps (evaluation, saving) counts in neither."""
+
+    def __init__(self, tokens_per_step: int, flops_per_token: float, peak: float):
+        self.tokens_per_step, self.flops, self.peak = tokens_per_step, flops_per_token, peak
+        self.seconds = self.tokens = 0.0
+        self.window_seconds = self.window_tokens = 0.0
+
+    def add(self, seconds: float) -> None:
+        """One step took this long."""
+        self.seconds += seconds
+        self.tokens += self.tokens_per_step
+        self.window_seconds += seconds
+        self.window_tokens += self.tokens_per_step
+
+    def window(self) -> dict:
+        """{"tokens_per_s", "mfu"} since the last call."""
+        tps = self.window_tokens / max(self.window_seconds, 1e-9)
+        self.window_seconds = self.window_tokens = 0.0
+        return {"tokens_per_s": round(tps, 1), "mfu": round(tps * self.flops / self.peak, 4)}
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+    @property
+    def mfu(self) -> float:
+        return self.tokens_per_s * self.flops / self.peak
