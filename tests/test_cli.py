@@ -129,6 +129,11 @@ def test_long_jobs_have_a_bar_and_quiet_turns_it_off(files, monkeypatch, capsys)
                  "--seq-len", "16", "--eval-windows", "2", "--out", str(files / "tl")]) == 0
     err = sys.stderr.getvalue()
     assert "training the tuned lens" in err and "tuned lens on held-out text" in err
+    text = ["--corpus", str(files / "corpus"), "--windows", "2", "--seq-len", "16"]
+    for argv, bar in ((["neurons", str(files / "run"), "--block", "0", *text], "reading block 0's MLP"),
+                      (["heads", str(files / "run"), *text, "--half", "4"], "scoring heads")):
+        monkeypatch.setattr(sys, "stderr", Terminal())
+        assert main(argv) == 0 and bar in sys.stderr.getvalue()
 
 
 # --- help, version, vocabulary ------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def shell_commands(text: str) -> list[Command]:
     """Every command of every bash/sh/shell block (continuation lines joined, comments dropped)."""
     out = []
     for lang, first, body in fenced_blocks(text):
-        if lang not in ("bash", "sh", "shell", "console"):
+        if lang not in ("bash", "sh", "shell"):
             continue
         lines = body.split("\n")
         i = 0

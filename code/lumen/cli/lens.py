@@ -1,7 +1,7 @@
-"""`lumen lens MODEL --prompt TEXT [--tuned PATH] [--out DIR] [--json]`: what every layer predicts.
+"""`lumen lens MODEL --prompt TEXT [--tuned PATH] [--out DIR] [--json]`: what the stream predicts after each block.
 
-Prints a table (layers x the last positions: top-1 token and probability); --out writes lens.png (the
-heatmap), kl.png (KL to the final output by layer), lens.html (hover a cell for the top-k) and lens.json.
+Prints a table (embed and every block x the last positions: top-1 token and probability); --out writes lens.png (the
+heatmap), kl.png (KL to the final output after each block), lens.html (hover a cell for the top-k) and lens.json.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ LENS_FILE = "tuned-lens.safetensors"   # the file name in a folder written by `l
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help="logit lens (or a tuned lens) on one prompt: what each layer predicts")
+    p = sub.add_parser(name, help="logit lens (or a tuned lens) on one prompt: the prediction after each block")
     add_model_argument(p)
     p.add_argument("--prompt", required=True, help="the text to read")
     p.add_argument("--tuned", metavar="PATH",

@@ -1,5 +1,5 @@
 """`lumen tuned-lens train MODEL [--corpus shakespeare] [--steps N] [--out DIR]`: train a tuned lens,
-then compare it with the logit lens on held-out text (KL to the final output and perplexity per layer).
+then compare it with the logit lens on held-out text (KL to the final output and perplexity after each block).
 DIR gets tuned-lens.safetensors (what `lumen lens --tuned DIR` reads), tuned_lens.json, kl.png and
 perplexity.png.
 
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p = sub.add_parser(name, help="train a tuned lens for a model, or evaluate one against the logit lens",
                        description=__doc__.split("\n\n")[0])
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    train = actions.add_parser("train", help="train a tuned lens on a corpus and report both lenses per layer")
+    train = actions.add_parser("train", help="train a tuned lens on a corpus and report both lenses after each block")
     add_model_argument(train)
     train.add_argument("--steps", type=int, default=24, help="optimizer steps")
     train.add_argument("--batch", type=int, default=1, help="windows per step")
@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     for a in (train, evaluate):
         add_text_arguments(a, seq_len=128)
         a.add_argument("--eval-windows", type=int, default=8, help="held-out windows for the report")
-        a.add_argument("--json", action="store_true", help="print the per-layer comparison as JSON")
+        a.add_argument("--json", action="store_true", help="print the comparison as JSON")
         add_quiet_argument(a)
     return p
 
@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    print(f"held-out {held.numel()} tokens of {args.corpus}: KL(final || lens) in nats, and perplexity, per layer")
+    print(f"held-out {held.numel()} tokens of {args.corpus}: KL(final || lens) in nats, and perplexity, "
+          "after the embedding and each block")
     print(f"{'after':>9}{'KL logit':>12}{'KL tuned':>12}{'ppl logit':>14}{'ppl tuned':>14}")
     for i in range(n):
         print(f"{layer_name(i):>9}{logit['kl'][i]:>12.3f}{tuned['kl'][i]:>12.3f}"
@@ -95,4 +96,4 @@ def write_report(out: Path, report: dict) -> None:
     curves = {"logit lens": report["logit_lens"]["kl"], "tuned lens": report["tuned_lens"]["kl"]}
     layer_curves(curves, out / "kl.png", title="KL to the final output on held-out text", log=True)
     curves = {"logit lens": report["logit_lens"]["perplexity"], "tuned lens": report["tuned_lens"]["perplexity"]}
-    layer_curves(curves, out / "perplexity.png", ylabel="perplexity", title="perplexity by layer", log=True)
+    layer_curves(curves, out / "perplexity.png", ylabel="perplexity", title="perplexity after each block", log=True)
