@@ -263,7 +263,7 @@ def test_untrained_tuned_lens_is_the_logit_lens_and_saves_with_its_model(tmp_pat
     with pytest.raises(FileNotFoundError, match="tuned-lens train"):
         TunedLens.load(tmp_path / "missing.safetensors", model)
     (tmp_path / "junk.safetensors").write_bytes(b"not a lens")
-    with pytest.raises(ValueError, match="not a safetensors"):
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
         TunedLens.load(tmp_path / "junk.safetensors", model)
 
 
