@@ -1,7 +1,9 @@
-"""Hugging Face interop: GPT2LMHeadModel and LlamaForCausalLM state dicts and config.json, both ways.
+"""Hugging Face interop: the state dicts and config.json of GPT-2, Llama, Qwen2, Mistral, Gemma and
+GPT-NeoX (Pythia), both ways.
 
-The key maps are plain tables; GPT-2's only quirk is its Conv1D, which stores weights as (in, out)
-and fuses W_Q, W_K, W_V into one c_attn matrix.
+The key maps are plain tables. Two layouts need more than a rename: GPT-2's Conv1D stores weights as
+(in, out) and fuses W_Q, W_K, W_V into one c_attn matrix; GPT-NeoX fuses them into query_key_value with
+the rows of each head together ([q_h, k_h, v_h] for head h).
 
     >>> model = load_hf_dir("path/to/hf-dir")            # doctest: +SKIP
     >>> save_hf_dir(model, "out/")                        # transformers' from_pretrained reads it
@@ -22,53 +24,99 @@ from ..errors import MissingFileError, ModelFileError
 from ..model import GPT
 from .weights import read_safetensors
 
-GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
-                    "silu": "silu", "swish": "silu"}
+# lumen's activation names (config.ACTIVATIONS) in Hugging Face's spelling, and back (with HF's aliases)
+HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+FROM_HF_ACTIVATIONS = {v: k for k, v in HF_ACTIVATIONS.items()} | {"gelu_pytorch_tanh": "gelu_tanh", "swish": "silu"}
+FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "gemma", "gpt_neox")
+ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM", "gpt_neox": "GPTNeoXForCausalLM"}
 
 
 # ---------------------------------------------------------------------------------------------
 # config.json
 def family(cfg: ModelConfig) -> str:
-    """Which Hugging Face architecture can hold this config: "gpt2" or "llama"."""
-    shape = (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement, cfg.bias)
-    gpt2 = shape == ("mlp", "layernorm", "learned", "pre", True)
-    if gpt2 and cfg.kv_heads == cfg.n_heads:
+    """Which Hugging Face architecture can hold this config (one of FAMILIES)."""
+    parts = (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement)
+    # GPT-2 and GPT-NeoX: plain multi-head attention over heads that fill d_model, biases everywhere
+    mha = cfg.bias and cfg.kv_heads == cfg.n_heads and cfg.n_heads * cfg.head_dim == cfg.d_model
+    mha = mha and not cfg.scale_embeddings and cfg.sliding_window is None
+    if parts == ("mlp", "layernorm", "learned", "pre") and mha:
         return "gpt2"
-    if (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement) == ("swiglu", "rmsnorm", "rope", "pre"):
-        return "llama"
+    if (cfg.mlp, cfg.norm, cfg.positions) == ("mlp", "layernorm", "rope") and cfg.norm_placement != "post" and mha:
+        return "gpt_neox"
+    if parts == ("geglu", "rmsnorm_offset", "rope", "pre") and cfg.scale_embeddings and cfg.rotary_fraction == 1.0:
+        if not cfg.bias and not cfg.qkv_bias and cfg.sliding_window is None and cfg.activation == "gelu_tanh":
+            return "gemma"
+    if parts == ("swiglu", "rmsnorm", "rope", "pre") and cfg.rotary_fraction == 1.0 and not cfg.scale_embeddings:
+        if cfg.sliding_window is not None and not (cfg.bias or cfg.qkv_bias):
+            return "mistral"
+        if cfg.sliding_window is None:
+            return "qwen2" if cfg.qkv_bias and not cfg.bias else "llama"
     raise ModelFileError(
         f"config {cfg.name!r} matches no Hugging Face architecture: GPT-2 needs layernorm + mlp + learned positions + "
-        "biases + pre-LN; Llama needs rmsnorm + swiglu + rope + pre-LN"
+        "biases + pre-LN; Llama needs rmsnorm + swiglu + rope + pre-LN (Qwen2: + qkv_bias, Mistral: + sliding_window); "
+        "Gemma needs rmsnorm_offset + geglu + scale_embeddings; GPT-NeoX needs layernorm + mlp + rope + biases"
     )
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    if family(cfg) == "gpt2":
-        act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}[cfg.activation]
-        return {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
+    fam = family(cfg)
+    common = {"architectures": [ARCHITECTURES[fam]], "model_type": fam, "vocab_size": cfg.vocab_size,
+              "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": 0.02}
+    if fam == "gpt2":
+        return common | {
             "n_positions": cfg.context, "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
-            "n_inner": cfg.d_ff, "activation_function": act, "layer_norm_epsilon": cfg.norm_eps,
-            "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
-            "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": 0.02,
+            "n_inner": cfg.d_ff, "activation_function": HF_ACTIVATIONS[cfg.activation],
+            "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+            "attn_pdrop": cfg.dropout,
         }
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    shape = {
         "hidden_size": cfg.d_model, "intermediate_size": cfg.hidden, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
-        "hidden_act": "silu", "max_position_embeddings": cfg.context, "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.bias, "mlp_bias": False,
-        "attention_dropout": cfg.dropout, "initializer_range": 0.02,
+        "num_attention_heads": cfg.n_heads, "max_position_embeddings": cfg.context, "rope_theta": cfg.rope_theta,
+        "attention_dropout": cfg.dropout,
     }
+    if fam == "gpt_neox":  # the old keys (rotary_pct, rotary_emb_base) too, as Pythia's own config.json has them
+        return common | shape | {
+            "hidden_act": HF_ACTIVATIONS[cfg.activation], "layer_norm_eps": cfg.norm_eps,
+            "use_parallel_residual": cfg.norm_placement == "parallel", "rotary_pct": cfg.rotary_fraction,
+            "rotary_emb_base": cfg.rope_theta, "rope_parameters": rope | {"partial_rotary_factor": cfg.rotary_fraction},
+            "attention_bias": True, "hidden_dropout": cfg.dropout,
+        }
+    out = common | shape | {
+        "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.norm_eps,
+        "rope_parameters": rope, "hidden_act": "gelu_pytorch_tanh" if fam == "gemma" else "silu",
+    }
+    if fam == "llama":
+        out |= {"attention_bias": cfg.bias, "mlp_bias": False}
+    if fam == "mistral":
+        out["sliding_window"] = cfg.sliding_window
+    if fam == "qwen2":
+        out |= {"use_sliding_window": False, "sliding_window": None}
+    return out
+
+
+def _rope(c: dict, default_theta: float = 10000.0) -> tuple[float, float]:
+    """(theta, rotary fraction) from either config.json spelling; scaled RoPE variants are refused."""
+    rope = c.get("rope_parameters") or {}
+    scaling = c.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    if rope_type != "default":
+        raise ModelFileError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
+    theta = rope.get("rope_theta", c.get("rope_theta", c.get("rotary_emb_base", default_theta)))
+    fraction = rope.get("partial_rotary_factor", c.get("rotary_pct", c.get("partial_rotary_factor", 1.0)))
+    return float(theta), float(fraction)
+
+
+def _activation(act: str, kind: str) -> str:
+    if act not in FROM_HF_ACTIVATIONS:
+        raise ModelFileError(f"{kind} activation {act!r} is not supported; supported: {', '.join(FROM_HF_ACTIVATIONS)}")
+    return FROM_HF_ACTIVATIONS[act]
 
 
 def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
     kind = c.get("model_type")
     if kind == "gpt2":
-        act = c.get("activation_function", "gelu_new")
-        if act not in GPT2_ACTIVATIONS:
-            raise ModelFileError(f"GPT-2 activation {act!r} is not supported; supported: {', '.join(GPT2_ACTIVATIONS)}")
         if c.get("scale_attn_by_inverse_layer_idx") or c.get("reorder_and_upcast_attn"):
             raise ModelFileError(
                 "GPT-2 configs with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn are not supported"
@@ -76,37 +124,50 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
         return ModelConfig(
             name=name, vocab_size=c["vocab_size"], context=c["n_positions"], d_model=c["n_embd"],
             n_layers=c["n_layer"], n_heads=c["n_head"], d_ff=c.get("n_inner"), mlp="mlp",
-            activation=GPT2_ACTIVATIONS[act], norm="layernorm", norm_eps=c.get("layer_norm_epsilon", 1e-5),
-            positions="learned", bias=True, tie_embeddings=c.get("tie_word_embeddings", True),
+            activation=_activation(c.get("activation_function", "gelu_new"), "GPT-2"), norm="layernorm",
+            norm_eps=c.get("layer_norm_epsilon", 1e-5), positions="learned", bias=True,
+            tie_embeddings=c.get("tie_word_embeddings", True),
         )
-    if kind in ("llama", "mistral", "qwen2"):
-        rope = c.get("rope_parameters") or {}
-        scaling = c.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", scaling.get("rope_type", "default"))
-        if rope_type != "default":
-            raise ModelFileError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
+    if kind == "gpt_neox":
+        theta, fraction = _rope(c)
+        if not c.get("attention_bias", True):
+            raise ModelFileError("GPT-NeoX configs with attention_bias=false are not supported")
+        return ModelConfig(
+            name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048),
+            d_model=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
+            d_ff=c.get("intermediate_size"), mlp="mlp", activation=_activation(c.get("hidden_act", "gelu"), "GPT-NeoX"),
+            norm="layernorm", norm_eps=c.get("layer_norm_eps", 1e-5),
+            norm_placement="parallel" if c.get("use_parallel_residual", True) else "pre", positions="rope",
+            rope_theta=theta, rotary_fraction=fraction, bias=True, tie_embeddings=c.get("tie_word_embeddings", False),
+        )
+    if kind in ("llama", "mistral", "qwen2", "gemma"):
+        theta, fraction = _rope(c)
+        if fraction != 1.0:
+            raise ModelFileError(f"{kind} configs with partial rotary ({fraction}) are not supported")
         if c.get("mlp_bias"):
-            raise ModelFileError("Llama configs with mlp_bias=true are not supported (lumen's SwiGLU has no biases)")
-        if c.get("hidden_act", "silu") != "silu":
-            raise ModelFileError(f"Llama hidden_act {c['hidden_act']!r} is not supported (only silu)")
+            raise ModelFileError(f"{kind} configs with mlp_bias=true are not supported (lumen's gated MLPs have none)")
+        act = c.get("hidden_activation") or c.get("hidden_act", "silu")
+        if kind == "gemma":  # Gemma's "gelu" always meant the tanh approximation (transformers converts it too)
+            act = "gelu_pytorch_tanh" if act == "gelu" else act
+            if act != "gelu_pytorch_tanh":
+                raise ModelFileError(f"Gemma hidden_act {act!r} is not supported (only gelu_pytorch_tanh)")
+        elif act != "silu":
+            raise ModelFileError(f"{kind} hidden_act {act!r} is not supported (only silu)")
+        window = c.get("sliding_window") if kind == "mistral" else None
+        if kind == "qwen2" and c.get("use_sliding_window"):
+            raise ModelFileError("Qwen2 configs with use_sliding_window=true (windows on some layers): not supported")
         d, h = c["hidden_size"], c["num_attention_heads"]
-        if c.get("head_dim") not in (None, d // h):
-            raise ModelFileError(
-                f"head_dim {c['head_dim']} != hidden_size / num_attention_heads ({d // h}): not supported"
-            )
-        if c.get("sliding_window") and kind == "mistral":
-            raise ModelFileError("sliding-window attention is not supported")
+        gemma = kind == "gemma"
         return ModelConfig(
             name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=d,
             n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
-            d_ff=c["intermediate_size"], mlp="swiglu", activation="silu", norm="rmsnorm",
-            norm_eps=c.get("rms_norm_eps", 1e-6), positions="rope",
-            rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-            bias=bool(c.get("attention_bias", kind == "qwen2")), tie_embeddings=c.get("tie_word_embeddings", False),
+            d_head=c.get("head_dim") or None, d_ff=c["intermediate_size"], mlp="geglu" if gemma else "swiglu",
+            activation="gelu_tanh" if gemma else "silu", norm="rmsnorm_offset" if gemma else "rmsnorm",
+            norm_eps=c.get("rms_norm_eps", 1e-6), positions="rope", rope_theta=theta,
+            bias=bool(c.get("attention_bias", False)) and kind != "qwen2", qkv_bias=kind == "qwen2",
+            tie_embeddings=c.get("tie_word_embeddings", gemma), scale_embeddings=gemma, sliding_window=window,
         )
-    raise ModelFileError(
-        f"Hugging Face model_type {kind!r} is not supported; supported: gpt2, llama (and mistral/qwen2)"
-    )
+    raise ModelFileError(f"Hugging Face model_type {kind!r} is not supported; supported: {', '.join(FAMILIES)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +178,7 @@ _GPT2_BLOCK = {  # lumen name -> GPT-2 name, inside block i; "*" marks a Conv1D 
     "mlp.fc.weight": "mlp.c_fc.weight*", "mlp.fc.bias": "mlp.c_fc.bias",
     "mlp.proj.weight": "mlp.c_proj.weight*", "mlp.proj.bias": "mlp.c_proj.bias",
 }
-_LLAMA_BLOCK = {
+_LLAMA_BLOCK = {  # also Qwen2, Mistral and Gemma
     "ln1.g": "input_layernorm.weight", "ln2.g": "post_attention_layernorm.weight",
     "attn.q.weight": "self_attn.q_proj.weight", "attn.k.weight": "self_attn.k_proj.weight",
     "attn.v.weight": "self_attn.v_proj.weight", "attn.out.weight": "self_attn.o_proj.weight",
@@ -126,57 +187,93 @@ _LLAMA_BLOCK = {
     "mlp.w_gate.weight": "mlp.gate_proj.weight", "mlp.w_up.weight": "mlp.up_proj.weight",
     "mlp.w_down.weight": "mlp.down_proj.weight",
 }
+_NEOX_BLOCK = {
+    "ln1.g": "input_layernorm.weight", "ln1.b": "input_layernorm.bias",
+    "ln2.g": "post_attention_layernorm.weight", "ln2.b": "post_attention_layernorm.bias",
+    "attn.out.weight": "attention.dense.weight", "attn.out.bias": "attention.dense.bias",
+    "mlp.fc.weight": "mlp.dense_h_to_4h.weight", "mlp.fc.bias": "mlp.dense_h_to_4h.bias",
+    "mlp.proj.weight": "mlp.dense_4h_to_h.weight", "mlp.proj.bias": "mlp.dense_4h_to_h.bias",
+}
+_LLAMA_TOP = {"tok_emb.weight": "model.embed_tokens.weight", "ln_f.g": "model.norm.weight",
+              "lm_head.weight": "lm_head.weight"}
 _TOP = {
     "gpt2": {"tok_emb.weight": "transformer.wte.weight", "pos_emb.weight": "transformer.wpe.weight",
              "ln_f.g": "transformer.ln_f.weight", "ln_f.b": "transformer.ln_f.bias",
              "lm_head.weight": "lm_head.weight"},
-    "llama": {"tok_emb.weight": "model.embed_tokens.weight", "ln_f.g": "model.norm.weight",
-              "lm_head.weight": "lm_head.weight"},
+    "gpt_neox": {"tok_emb.weight": "gpt_neox.embed_in.weight", "ln_f.g": "gpt_neox.final_layer_norm.weight",
+                 "ln_f.b": "gpt_neox.final_layer_norm.bias", "lm_head.weight": "embed_out.weight"},
+    "llama": _LLAMA_TOP, "qwen2": _LLAMA_TOP, "mistral": _LLAMA_TOP, "gemma": _LLAMA_TOP,
 }
+_BLOCKS = {"gpt2": ("transformer.h", _GPT2_BLOCK), "gpt_neox": ("gpt_neox.layers", _NEOX_BLOCK)}
+_FUSED_QKV = {"gpt2": "attn.c_attn", "gpt_neox": "attention.query_key_value"}
 
 
 def _key_map(cfg: ModelConfig) -> dict[str, str]:
-    """lumen parameter name -> HF name, for every parameter of this config."""
+    """lumen parameter name -> HF name, for every parameter of this config but fused q/k/v."""
     fam = family(cfg)
-    prefix, block = ("transformer.h", _GPT2_BLOCK) if fam == "gpt2" else ("model.layers", _LLAMA_BLOCK)
+    prefix, block = _BLOCKS.get(fam, ("model.layers", _LLAMA_BLOCK))
     keys = dict(_TOP[fam])
     for i in range(cfg.n_layers):
         keys.update({f"blocks.{i}.{k}": f"{prefix}.{i}.{v}" for k, v in block.items()})
     return keys
 
 
+def _is_qkv(name: str) -> bool:
+    return ".attn." in name and name.split(".attn.")[1].split(".")[0] in ("q", "k", "v")
+
+
+def _fuse(parts: list[torch.Tensor], fam: str, cfg: ModelConfig) -> torch.Tensor:
+    """W_Q, W_K, W_V (or their biases) as one fused HF tensor: GPT-2 stacks them whole, then stores the
+    weight transposed (Conv1D); GPT-NeoX interleaves them head by head."""
+    if fam == "gpt2":
+        fused = torch.cat(parts)
+        return fused.t().contiguous() if fused.dim() == 2 else fused
+    h = cfg.n_heads
+    per_head = torch.stack([t.reshape(h, cfg.head_dim, *t.shape[1:]) for t in parts], dim=1)  # (h, 3, hd, ...)
+    return per_head.reshape(3 * h * cfg.head_dim, *parts[0].shape[1:]).contiguous()
+
+
+def _unfuse(fused: torch.Tensor, fam: str, cfg: ModelConfig) -> list[torch.Tensor]:
+    """The inverse of _fuse: [W_Q, W_K, W_V] (or their biases)."""
+    if fam == "gpt2":
+        fused = fused.t() if fused.dim() == 2 else fused
+        return [t.contiguous() for t in fused.chunk(3, dim=0)]
+    h = cfg.n_heads
+    per_head = fused.reshape(h, 3, cfg.head_dim, *fused.shape[1:])
+    return [per_head[:, j].reshape(h * cfg.head_dim, *fused.shape[1:]).contiguous() for j in range(3)]
+
+
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """A lumen state dict in Hugging Face's names and layouts (tied weights stored once)."""
-    keys, out = _key_map(cfg), {}
+    fam, keys, out = family(cfg), _key_map(cfg), {}
     for name, t in state.items():
-        if name == "lm_head.weight" and cfg.tie_embeddings:
-            continue
-        if family(cfg) == "gpt2" and ".attn." in name and name.split(".attn.")[1].split(".")[0] in "qkv":
-            continue  # fused below
+        if (name == "lm_head.weight" and cfg.tie_embeddings) or (fam in _FUSED_QKV and _is_qkv(name)):
+            continue  # tied, or fused below
         hf = keys[name]
         out[hf.rstrip("*")] = t.t().contiguous() if hf.endswith("*") else t
-    if family(cfg) == "gpt2":
-        for i in range(cfg.n_layers):  # c_attn = [W_Q | W_K | W_V] as one (d, 3d) Conv1D
+    if fam in _FUSED_QKV:
+        prefix = _BLOCKS[fam][0]
+        for i in range(cfg.n_layers):
             p = f"blocks.{i}.attn."
-            fused = torch.cat([state[p + f"{m}.weight"] for m in "qkv"])
-            out[f"transformer.h.{i}.attn.c_attn.weight"] = fused.t().contiguous()
-            out[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat([state[p + f"{m}.bias"] for m in "qkv"])
+            for kind in ("weight", "bias"):
+                parts = [state[p + f"{m}.{kind}"] for m in "qkv"]
+                out[f"{prefix}.{i}.{_FUSED_QKV[fam]}.{kind}"] = _fuse(parts, fam, cfg)
     return out
 
 
 def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A Hugging Face state dict (GPT-2 or Llama) in lumen's names; raises on missing tensors."""
-    keys, out = _key_map(cfg), {}
+    """A Hugging Face state dict in lumen's names; raises on missing tensors."""
+    fam, keys, out = family(cfg), _key_map(cfg), {}
+    hf = _canonical_names(hf, fam)
     with torch.device("meta"):
         template = GPT(cfg)
     for name in template.state_dict():
         if name == "lm_head.weight" and cfg.tie_embeddings:
             continue
-        if family(cfg) == "gpt2" and ".attn." in name and name.split(".attn.")[1].split(".")[0] in "qkv":
+        if fam in _FUSED_QKV and _is_qkv(name):
             i, (m, kind) = int(name.split(".")[1]), name.split(".attn.")[1].split(".")
-            fused = _need(hf, f"transformer.h.{i}.attn.c_attn.{kind}")
-            fused = fused.t() if kind == "weight" else fused
-            out[name] = fused.chunk(3, dim=0)["qkv".index(m)].contiguous()
+            fused = _need(hf, f"{_BLOCKS[fam][0]}.{i}.{_FUSED_QKV[fam]}.{kind}")
+            out[name] = _unfuse(fused, fam, cfg)["qkv".index(m)]
             continue
         hf_name = keys[name]
         t = _need(hf, hf_name.rstrip("*"))
@@ -184,6 +281,16 @@ def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
     if cfg.tie_embeddings:
         out["lm_head.weight"] = out["tok_emb.weight"]
     return out
+
+
+def _canonical_names(hf: dict[str, torch.Tensor], fam: str) -> dict[str, torch.Tensor]:
+    """Other spellings of the same tensors: GPT-2's original hub file has no `transformer.` prefix
+    (`h.0.attn.c_attn.weight`, `wte.weight`); transformers 5 calls GPT-NeoX's `embed_out` `lm_head`."""
+    if fam == "gpt2" and "wte.weight" in hf:
+        return {k if k.startswith("lm_head.") else f"transformer.{k}": v for k, v in hf.items()}
+    if fam == "gpt_neox" and "lm_head.weight" in hf and "embed_out.weight" not in hf:
+        return {"embed_out.weight" if k == "lm_head.weight" else k: v for k, v in hf.items()}
+    return hf
 
 
 def _need(hf: dict[str, torch.Tensor], key: str) -> torch.Tensor:
@@ -195,25 +302,47 @@ def _need(hf: dict[str, torch.Tensor], key: str) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # directories and live models
 def from_hf_model(hf_model: torch.nn.Module) -> GPT:
-    """A lumen GPT with the weights of a transformers GPT2LMHeadModel or LlamaForCausalLM."""
+    """A lumen GPT with the weights of a transformers model of one of FAMILIES."""
     cfg = config_from_hf(hf_model.config.to_dict(), name=hf_model.config.model_type)
     state = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
     return GPT.from_state(cfg, from_hf(state, cfg), source=f"transformers {type(hf_model).__name__}")
 
 
 def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> GPT:
-    """Load a Hugging Face-format directory (config.json + model.safetensors, or sharded safetensors)."""
+    """Load a Hugging Face-format directory: config.json and model.safetensors, or the shards that
+    model.safetensors.index.json lists. Weights stored in fp16/bf16 load into `dtype`."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise MissingFileError(f"{path} has no config.json (expected a Hugging Face model directory)")
     cfg = config_from_hf(json.loads((path / "config.json").read_text()), name=path.name)
+    hf: dict[str, torch.Tensor] = {}
+    for f in weight_files(path):
+        hf.update(read_safetensors(f))
+    return GPT.from_state(cfg, from_hf(hf, cfg), source=str(path), dtype=dtype).to(device)
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a Hugging Face directory: the shards its index names, else
+    model.safetensors, else every *.safetensors file."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError, TypeError):
+            raise ModelFileError(f"{index} is not a safetensors index (no weight_map); download it again") from None
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise MissingFileError(
+                f"{path}: the index lists {len(shards)} weight shards but {', '.join(missing[:3])} "
+                f"{'is' if len(missing) == 1 else 'are'} missing (the download is incomplete; fetch them again)"
+            )
+        return [path / s for s in shards]
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise MissingFileError(f"{path} has no *.safetensors weights (pickled .bin files are not read: convert them)")
-    hf: dict[str, torch.Tensor] = {}
-    for f in files:
-        hf.update(read_safetensors(f))
-    return GPT.from_state(cfg, from_hf(hf, cfg), source=str(path), dtype=dtype).to(device)
+    return files
 
 
 def save_hf_dir(model: GPT, path: str | Path) -> Path:

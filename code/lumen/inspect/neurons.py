@@ -25,8 +25,7 @@ from .cache import capture, check_layer
 
 
 def _down(model: GPT, layer: int) -> torch.nn.Linear:
-    mlp = model.blocks[check_layer(model, layer)].mlp
-    return mlp.w_down if hasattr(mlp, "w_down") else mlp.proj
+    return model.blocks[check_layer(model, layer)].mlp.down
 
 
 def n_units(model: GPT, layer: int) -> int:
