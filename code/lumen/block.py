@@ -22,6 +22,11 @@ class LayerNorm(nn.Module):
         self.b = nn.Parameter(torch.zeros(d))    # beta: per-dimension bias
         self.eps = eps
 
+    @property
+    def gain(self) -> torch.Tensor:
+        """The per-dimension factor the normalised stream is multiplied by."""
+        return self.g
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # x: (..., d); statistics over the last axis only
         mu = x.mean(-1, keepdim=True)
         var = x.var(-1, keepdim=True, unbiased=False)
@@ -34,6 +39,10 @@ class RMSNorm(nn.Module):
         self.g = nn.Parameter(torch.ones(d))
         self.eps = eps
 
+    @property
+    def gain(self) -> torch.Tensor:
+        return self.g
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return x / rms * self.g                  # no mean subtraction, no bias
@@ -42,9 +51,17 @@ class RMSNorm(nn.Module):
 class OffsetRMSNorm(RMSNorm):
     """Gemma's RMSNorm: the gain is 1 + g, so g = 0 (its initial value) is the identity scale."""
 
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__(d, eps)
+        nn.init.zeros_(self.g)
+
+    @property
+    def gain(self) -> torch.Tensor:
+        return 1 + self.g
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x / rms * (1 + self.g)
+        return x / rms * self.gain
 
 
 class MLP(nn.Module):

@@ -51,7 +51,7 @@ def value_logits(model: GPT, layer: int, units: int | torch.Tensor | None = None
         values = values[units]
     if isinstance(model.ln_f, LayerNorm):
         values = values - values.mean(-1, keepdim=True)
-    gain = getattr(model.ln_f, "g", None)
+    gain = getattr(model.ln_f, "gain", None)
     if gain is not None:
         values = values * gain
     out = model.lm_head(values)
