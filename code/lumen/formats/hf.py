@@ -7,12 +7,14 @@ the rows of each head together ([q_h, k_h, v_h] for head h).
 
     >>> model = load_hf_dir("path/to/hf-dir")            # doctest: +SKIP
     >>> save_hf_dir(model, "out/")                        # transformers' from_pretrained reads it
+    >>> load_hf_dir(hub_snapshot("EleutherAI/pythia-70m"))  # from (or into) the Hugging Face cache
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ..errors import MissingFileError, ModelFileError
+from ..errors import FetchError, MissingFileError, ModelFileError, UserError
 from ..model import GPT
 from .weights import read_safetensors
 
@@ -366,3 +368,54 @@ def save_hf_dir(model: GPT, path: str | Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# the Hugging Face hub
+HUB_FILES = ["*.json", "*.safetensors"]  # config, weights (maybe sharded, with their index), tokenizer
+
+
+def hub_cache_dir() -> Path:
+    """The standard Hugging Face cache, read from the environment now (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("HF_HOME") or xdg / "huggingface").expanduser() / "hub"
+
+
+def hub_snapshot(name: str) -> Path:
+    """The local folder of hub model "ORG/NAME" or "ORG/NAME@REVISION": downloaded into the standard
+    Hugging Face cache unless it is there already; with HF_HUB_OFFLINE=1 or no network, from the cache
+    only. Only config/tokenizer json files and safetensors weights are fetched."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    repo, at, revision = name.partition("@")
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo) or (at and not revision):
+        raise UserError(f"hf:{name}: give hf:ORG/NAME or hf:ORG/NAME@REVISION, e.g. hf:EleutherAI/pythia-70m")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    cache = hub_cache_dir()
+    try:
+        return Path(snapshot_download(repo, revision=revision or None, cache_dir=cache, local_files_only=offline,
+                                      allow_patterns=HUB_FILES))
+    except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE=1 is set" if offline else "the Hugging Face hub cannot be reached"
+        rev = f" --revision {revision}" if revision else ""
+        raise MissingFileError(
+            f"hf:{name} is not in the Hugging Face cache ({cache}) and {why}: download it where there is network "
+            f"access with `hf download {repo}{rev} --include '*.json' '*.safetensors'` (same HF_HOME), "
+            "or give the path of a local model directory"
+        ) from None
+    except RevisionNotFoundError:
+        raise UserError(f"hf:{name}: the hub has no revision {revision!r} of {repo}") from None
+    except RepositoryNotFoundError:
+        raise UserError(
+            f"hf:{name}: the hub has no model {repo} (or it is private or gated: log in with `hf auth login`)"
+        ) from None
+    except HfHubHTTPError as e:
+        raise FetchError(f"hf:{name}: the hub refused the download ({str(e).splitlines()[0][:160]})") from None
