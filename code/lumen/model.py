@@ -34,6 +34,8 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model) if cfg.positions == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(TransformerBlock.from_config(cfg) for _ in range(cfg.n_layers))
+        for block in self.blocks[1:]:  # RoPE's tables follow from the shape alone: one copy serves every layer
+            block.attn.rope = self.blocks[0].attn.rope
         # pre-LN (and parallel) blocks never normalise the stream itself, so one last norm before reading
         # it out; post-LN blocks already leave it normalised
         self.ln_f = make_norm(cfg) if cfg.norm_placement != "post" else nn.Identity()

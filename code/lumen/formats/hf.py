@@ -372,7 +372,9 @@ def save_hf_dir(model: GPT, path: str | Path) -> Path:
 
 # ---------------------------------------------------------------------------------------------
 # the Hugging Face hub
-HUB_FILES = ["*.json", "*.safetensors"]  # config, weights (maybe sharded, with their index), tokenizer
+# config and tokenizer json files, and the transformers weights (model.safetensors or its shards), not
+# other copies some repositories also hold (consolidated.safetensors, pickles, onnx)
+HUB_FILES = ["*.json", "model*.safetensors"]
 
 
 def hub_cache_dir() -> Path:
@@ -408,7 +410,7 @@ def hub_snapshot(name: str) -> Path:
         rev = f" --revision {revision}" if revision else ""
         raise MissingFileError(
             f"hf:{name} is not in the Hugging Face cache ({cache}) and {why}: download it where there is network "
-            f"access with `hf download {repo}{rev} --include '*.json' '*.safetensors'` (same HF_HOME), "
+            f"access with `hf download {repo}{rev} --include '*.json' 'model*.safetensors'` (same HF_HOME), "
             "or give the path of a local model directory"
         ) from None
     except RevisionNotFoundError:
