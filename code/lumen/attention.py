@@ -53,9 +53,10 @@ class RoPE(nn.Module):
         else:
             cos, sin = self.cos[pos], self.sin[pos]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        x, rest = x[..., : self.dims], x[..., self.dims :]
+        x, rest = x[..., : self.dims], x[..., self.dims :]   # partial rotary: the rest carries no position
         x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
+        rotated = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
+        return torch.cat(rotated + (rest,) if rest.size(-1) else rotated, dim=-1)
 
 
 class LayerCache:

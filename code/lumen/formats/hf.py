@@ -5,9 +5,12 @@ The key maps are plain tables. Two layouts need more than a rename: GPT-2's Conv
 (in, out) and fuses W_Q, W_K, W_V into one c_attn matrix; GPT-NeoX fuses them into query_key_value with
 the rows of each head together ([q_h, k_h, v_h] for head h).
 
-    >>> model = load_hf_dir("path/to/hf-dir")            # doctest: +SKIP
-    >>> save_hf_dir(model, "out/")                        # transformers' from_pretrained reads it
-    >>> load_hf_dir(hub_snapshot("EleutherAI/pythia-70m"))  # from (or into) the Hugging Face cache
+A directory this module writes is one transformers' from_pretrained reads; `hub_snapshot` finds (or
+downloads) a hub model in the Hugging Face cache:
+
+    >>> model = load_hf_dir("path/to/hf-dir")                         # doctest: +SKIP
+    >>> save_hf_dir(model, "out/")                                     # doctest: +SKIP
+    >>> pythia = load_hf_dir(hub_snapshot("EleutherAI/pythia-70m"))   # doctest: +SKIP
 """
 
 from __future__ import annotations
