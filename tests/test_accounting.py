@@ -5,13 +5,14 @@ import json
 
 import pytest
 import torch
+import transformers
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from lumen import GPT, PRESETS, ModelConfig, MultiHeadAttention
+from lumen import GPT, PRESETS, ModelConfig
 from lumen.accounting import count, count_module, formula, forward_flops_per_token, report, training_flops
 from lumen.cli import main
-from lumen.formats.hf import config_to_hf
+from lumen.formats.hf import ARCHITECTURES, config_to_hf
+from lumen.model import plain_attention
 
 
 def test_gpt2_small_has_85M_non_embedding_parameters():
@@ -54,8 +55,8 @@ def test_exact_count_equals_hugging_face(name):
     cfg = ModelConfig.from_name(name)
     hf_cfg = config_to_hf(cfg)
     with torch.device("meta"):
-        hf = (GPT2LMHeadModel(GPT2Config(**hf_cfg)) if hf_cfg["model_type"] == "gpt2"
-              else LlamaForCausalLM(LlamaConfig(**hf_cfg)))
+        hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**hf_cfg))
+    assert type(hf).__name__ == ARCHITECTURES[hf_cfg["model_type"]]
     assert sum(p.numel() for p in hf.parameters()) == count(cfg).total
 
 
@@ -77,14 +78,11 @@ def test_flops_formula_matches_flop_counter(kw):
     cfg = ModelConfig(vocab_size=256, context=64, d_model=64, n_layers=2, n_heads=4, **kw)
     model = GPT(cfg)
     idx = torch.randint(0, 256, (2, 64))
-    MultiHeadAttention.use_sdpa = False
-    try:
+    with plain_attention(model):
         with FlopCounterMode(display=False) as fwd:
             model(idx)
         with FlopCounterMode(display=False) as both:
             model(idx, idx)[1].backward()
-    finally:
-        MultiHeadAttention.use_sdpa = True
     assert fwd.get_total_flops() == forward_flops_per_token(cfg, 64)["total"] * idx.numel()
     assert both.get_total_flops() / fwd.get_total_flops() == pytest.approx(3.0, rel=0.02)
 

@@ -16,12 +16,6 @@ SHAPES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _restore_sdpa():
-    yield
-    MultiHeadAttention.use_sdpa = True
-
-
 def _attention(**kw):
     cfg = ModelConfig(d_model=32, context=64, **kw)
     return MultiHeadAttention.from_config(cfg).eval()
@@ -33,7 +27,7 @@ def test_sdpa_equals_plain_path(kw):
     attn = _attention(**kw)
     x = torch.randn(2, 11, 32)
     fused = attn(x)
-    MultiHeadAttention.use_sdpa = False
+    attn.use_sdpa = False
     torch.testing.assert_close(attn(x), fused, atol=1e-6, rtol=1e-5)
 
 
@@ -41,7 +35,7 @@ def test_plain_path_is_the_formula():
     """softmax(Q K^T / sqrt(d_head)) V with a causal mask, written out head by head."""
     torch.manual_seed(0)
     attn = _attention(n_heads=2)
-    MultiHeadAttention.use_sdpa = False
+    attn.use_sdpa = False
     x = torch.randn(1, 5, 32)
     heads = []
     for h in range(2):
@@ -57,7 +51,7 @@ def test_attention_output_is_convex_combination_of_values():
     """The chapter's 'mixing is not thinking': each head's output lies in the hull of the values."""
     torch.manual_seed(0)
     attn = _attention(n_heads=4)
-    MultiHeadAttention.use_sdpa = False
+    attn.use_sdpa = False
     seen = {}
     attn.pattern.register_forward_hook(lambda m, i, o: seen.setdefault("a", o))
     attn(torch.randn(2, 9, 32))

@@ -81,7 +81,7 @@ def test_cache_matches_transformers_hidden_states_and_attention(name):
     for i in range(L):
         torch.testing.assert_close(cache[f"blocks.{i}.attn_pattern"], ref.attentions[i], atol=1e-6, rtol=0)
     torch.testing.assert_close(logits, ref.logits, atol=1e-5, rtol=0)
-    assert no_hooks_left(model) and "use_sdpa" not in vars(model.blocks[0].attn)
+    assert no_hooks_left(model) and model.blocks[0].attn.use_sdpa  # the fused path restored
 
 
 @pytest.mark.parametrize("kw", [{}, {"mlp": "swiglu", "norm": "rmsnorm", "positions": "rope"},
@@ -107,6 +107,7 @@ def test_cache_names_follow_the_block_equations(kw):
             act = F.relu if kw.get("activation") == "relu" else (lambda t: F.gelu(t, approximate="tanh"))
             hidden = act(F.linear(h, b.mlp.fc.weight, b.mlp.fc.bias))
             down = b.mlp.proj
+        assert b.mlp.down is down  # the one name for the matrix that writes into the stream
         torch.testing.assert_close(c[f"blocks.{i}.mlp_hidden"], hidden, atol=1e-5, rtol=0)
         torch.testing.assert_close(c[f"blocks.{i}.mlp_out"], down(hidden), atol=1e-5, rtol=0)
         want_out = b.ln2(mid + c[f"blocks.{i}.mlp_out"]) if post_ln else mid + c[f"blocks.{i}.mlp_out"]
@@ -304,7 +305,7 @@ def test_deletion_table_against_the_manual_forward():
 @pytest.mark.parametrize("kw", [{}, {"mlp": "swiglu", "norm": "rmsnorm", "positions": "rope"}])
 def test_neuron_values_and_top_activations(kw):
     model = tiny(**kw)
-    down = model.blocks[1].mlp.w_down if kw else model.blocks[1].mlp.proj
+    down = model.blocks[1].mlp.down
     v = down.weight[:, 5]  # unit 5's value vector
     if not kw:  # LayerNorm centres the stream before its gain
         v = v - v.mean()

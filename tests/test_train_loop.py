@@ -98,7 +98,7 @@ def test_compiled_bf16_training_takes_the_eager_steps(data, cpp_compiler):
             for c in ("false", "true")]
     eager, compiled = ([r["loss"] for r in run.history if "loss" in r] for run in runs)
     assert compiled == pytest.approx(eager, abs=1e-3)  # measured: within 1e-4; a wrong mask: 4e-3 by step 2
-    assert all("use_sdpa" not in vars(b.attn) for b in runs[1].model.blocks)
+    assert all(b.attn.use_sdpa for b in runs[1].model.blocks)
 
 
 def test_a_compiled_run_repeats_bit_for_bit(data, cpp_compiler):
@@ -139,7 +139,7 @@ def test_training_attention_is_plain_only_where_it_pays():
     long = GPT.from_preset("baby-gpt", n_layers=2, d_model=64, n_heads=4, vocab_size=20, context=128)
     assert plain(short) == [True, True]
     assert plain(short, compiled=False) == plain(short, bf16=False) == plain(long) == [False, False]
-    assert all("use_sdpa" not in vars(b.attn) for b in short.blocks)  # restored: the class default again
+    assert all(b.attn.use_sdpa for b in short.blocks)  # restored: the model's own choice again
 
 
 def test_bf16_run_samples_through_the_kv_cache(data):

@@ -1,8 +1,9 @@
 """Parameters and FLOPs, by the chapter's formulas and by counting the actual tensors.
 
 The chapter's rules, with d = d_model and biases and norms ignored:
-    attention  4 d^2             (GQA: 2 d^2 + 2 d h_kv d_head)
-    MLP        8 d^2             (in general 2 d d_ff; SwiGLU 3 d d_ff)
+    attention  4 d^2             (GQA: 2 d^2 + 2 d h_kv d_head; heads of width d_head != d / h:
+                                  2 d h d_head + 2 d h_kv d_head)
+    MLP        8 d^2             (in general 2 d d_ff; SwiGLU and GeGLU 3 d d_ff)
     block      12 d^2
     forward    2 N FLOPs per token, + 4 L d per layer for the attention core at context L
     training   6 N D FLOPs for D tokens
@@ -34,8 +35,9 @@ class Formula:
 
 def formula(cfg: ModelConfig) -> Formula:
     d = cfg.d_model
-    attention = 2 * d * d + 2 * d * cfg.kv_heads * cfg.head_dim  # W_Q, W_O + the (maybe shared) W_K, W_V
-    mlp = (3 if cfg.mlp == "swiglu" else 2) * d * cfg.hidden
+    # W_Q, W_O (h heads of width d_head: d^2 each unless d_head != d / h) + the (maybe shared) W_K, W_V
+    attention = 2 * d * cfg.n_heads * cfg.head_dim + 2 * d * cfg.kv_heads * cfg.head_dim
+    mlp = (2 if cfg.mlp == "mlp" else 3) * d * cfg.hidden  # gated MLPs (SwiGLU, GeGLU) have three matrices
     return Formula(attention, mlp, attention + mlp, cfg.n_layers * (attention + mlp))
 
 
@@ -96,12 +98,13 @@ def count_module(model: nn.Module) -> Count:
 
 
 def forward_flops_per_token(cfg: ModelConfig, context: int | None = None) -> dict[str, float]:
-    """Forward FLOPs per token: 2 per matmul weight, and the attention core's 4 L d per layer
+    """Forward FLOPs per token: 2 per matmul weight, and the attention core's 4 L d per layer (d: the
+    heads' total width, h d_head)
     (Q K^T and A V at context L, the full L x L square as the kernels compute it)."""
     L = context or cfg.context
     c = count(cfg)
     weights = 2 * c.matmul
-    core = 4 * L * cfg.d_model * cfg.n_layers
+    core = 4 * L * cfg.n_heads * cfg.head_dim * cfg.n_layers
     return {"weights": weights, "attention_core": core, "total": weights + core}
 
 

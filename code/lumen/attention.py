@@ -25,12 +25,14 @@ class RoPE(nn.Module):
     """Rotary position embedding (Su et al. 2021): rotate pairs of query/key features by an angle
     proportional to the position, so that q.k depends only on the distance between two tokens.
 
-    Pairs are (i, i + head_dim/2), the layout Hugging Face's Llama uses.
+    Pairs are (i, i + dims/2), the layout Hugging Face's Llama uses. With `dims` below the head's
+    width (GPT-NeoX rotates a quarter), only the first `dims` features rotate; the rest carry no
+    position.
     """
 
-    def __init__(self, head_dim: int, context: int, theta: float = 10000.0):
+    def __init__(self, dims: int, context: int, theta: float = 10000.0):
         super().__init__()
-        self.head_dim, self.context, self.theta = head_dim, context, theta
+        self.dims, self.context, self.theta = dims, context, theta
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.reset_buffers()
@@ -40,7 +42,7 @@ class RoPE(nn.Module):
         (a model built on the meta device gets real ones here)."""
         device = device or self.cos.device
         f32 = {"dtype": torch.float32, "device": device}
-        inv_freq = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, **f32) / self.head_dim)
+        inv_freq = 1.0 / self.theta ** (torch.arange(0, self.dims, 2, **f32) / self.dims)
         angles = torch.outer(torch.arange(self.context, **f32), inv_freq)  # (L, hd/2)
         self.cos, self.sin = angles.cos(), angles.sin()
 
@@ -51,8 +53,10 @@ class RoPE(nn.Module):
         else:
             cos, sin = self.cos[pos], self.sin[pos]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        x, rest = x[..., : self.dims], x[..., self.dims :]   # partial rotary: the rest carries no position
         x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        rotated = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
+        return torch.cat(rotated + (rest,) if rest.size(-1) else rotated, dim=-1)
 
 
 class LayerCache:
@@ -119,8 +123,6 @@ class KVCache:
 class MultiHeadAttention(nn.Module):
     """softmax(Q K^T / sqrt(d_head)) V per head, causal, with separate q, k, v and out projections."""
 
-    use_sdpa: bool = True  # False: the plain softmax path below (one query always takes it), which exposes the pattern
-
     def __init__(
         self,
         d_model: int,
@@ -129,28 +131,38 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         rope: RoPE | None = None,
         dropout: float = 0.0,
+        head_dim: int | None = None,
+        qkv_bias: bool | None = None,
+        window: int | None = None,
     ):
+        """head_dim defaults to d_model / n_heads; qkv_bias (default: bias) puts biases on W_Q, W_K, W_V
+        alone; window: each query sees only the last `window` keys, itself included."""
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
-        self.head_dim = d_model // n_heads
-        kv_dim = self.n_kv_heads * self.head_dim
-        self.q = nn.Linear(d_model, d_model, bias=bias)
-        self.k = nn.Linear(d_model, kv_dim, bias=bias)
-        self.v = nn.Linear(d_model, kv_dim, bias=bias)
-        self.out = nn.Linear(d_model, d_model, bias=bias)   # W_O: writes the heads back into the stream
+        self.head_dim = head_dim or d_model // n_heads
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.q = nn.Linear(d_model, q_dim, bias=qkv_bias)
+        self.k = nn.Linear(d_model, kv_dim, bias=qkv_bias)
+        self.v = nn.Linear(d_model, kv_dim, bias=qkv_bias)
+        self.out = nn.Linear(q_dim, d_model, bias=bias)     # W_O: writes the heads back into the stream
         self.rope = rope
+        self.window = window
         self.dropout = dropout
         self.pattern = nn.Identity()  # a named place for the attention weights (plain path only)
+        # False: the plain softmax path below (one query always takes it), which exposes the pattern
+        self.use_sdpa = True
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> MultiHeadAttention:
-        rope = RoPE(cfg.head_dim, cfg.context, cfg.rope_theta) if cfg.positions == "rope" else None
-        return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.bias, rope, cfg.dropout)
+        rope = RoPE(cfg.rotary_dims, cfg.context, cfg.rope_theta) if cfg.positions == "rope" else None
+        return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.bias, rope, cfg.dropout,
+                   cfg.head_dim, cfg.bias or cfg.qkv_bias, cfg.sliding_window)
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None
     ) -> torch.Tensor:
-        B, T, C = x.shape
+        B, T, _ = x.shape
         q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)      # (B, h, T, hd)
         k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, h_kv, T, hd)
         v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, h_kv, T, hd)
@@ -159,14 +171,16 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rope(q, pos), self.rope(k, pos)
         if cache is not None:
             k, v = cache.write(k, v, pos)                                          # (B, h_kv, slots, hd)
-            allowed = visible(pos, k.size(2), mask)
+            allowed = visible(pos, k.size(2), mask, self.window)
+        elif mask is None and self.window is None:
+            allowed = None                                                         # plain causal
         else:
-            allowed = None if mask is None else visible(torch.arange(T, device=x.device), T, mask)
+            allowed = visible(torch.arange(T, device=x.device), T, mask, self.window)
         # one query (a decoding step) is a pair of small products: plain is faster than the fused
         # kernel there, and compiles into a few fused loops
         attend = self.attend_sdpa if self.use_sdpa and T > 1 else self.attend_plain
         y = attend(q, k, v, allowed)
-        return self.out(y.transpose(1, 2).reshape(B, T, C))
+        return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
     def attend_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None):
         """The readable path: scores, mask, softmax, weighted average of the values."""
@@ -191,9 +205,15 @@ class MultiHeadAttention(nn.Module):
         )
 
 
-def visible(pos: torch.Tensor, S: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+def visible(
+    pos: torch.Tensor, S: int, mask: torch.Tensor | None = None, window: int | None = None
+) -> torch.Tensor:
     """Which of S key slots each query may see, as a bool tensor (True = attend): queries at
-    positions pos (T,) see the keys at their own position and before. An extra ``mask``
-    (True = attend, broadcastable to (B, h, T, S)) further restricts it."""
-    allowed = torch.arange(S, device=pos.device) <= pos[:, None]   # (T, S)
+    positions pos (T,) see the keys at their own position and before; with a sliding `window`, only
+    the last `window` of those. An extra ``mask`` (True = attend, broadcastable to (B, h, T, S))
+    further restricts it."""
+    key_pos = torch.arange(S, device=pos.device)
+    allowed = key_pos <= pos[:, None]                              # (T, S)
+    if window is not None:
+        allowed = allowed & (key_pos > pos[:, None] - window)      # the window ends at the query itself
     return allowed if mask is None else allowed & mask.to(torch.bool)

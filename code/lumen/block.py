@@ -1,7 +1,8 @@
 """The transformer block: LayerNorm, RMSNorm, the MLP, SwiGLU, and the pre-LN block that stacks them.
 
 This is the listing of the chapter "Layers of Understanding", extended only by small named pieces
-(the choice of activation, the post-LN variant, a builder that reads a ModelConfig).
+(the choice of activation, the post-LN and parallel variants, Gemma's norm and gated GELU, and a
+builder that reads a ModelConfig).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import MultiHeadAttention
-from .config import ModelConfig
+from .config import ACTIVATIONS, ModelConfig
 
 
 class LayerNorm(nn.Module):
@@ -20,6 +21,11 @@ class LayerNorm(nn.Module):
         self.g = nn.Parameter(torch.ones(d))     # gamma: per-dimension gain
         self.b = nn.Parameter(torch.zeros(d))    # beta: per-dimension bias
         self.eps = eps
+
+    @property
+    def gain(self) -> torch.Tensor:
+        """The per-dimension factor the normalised stream is multiplied by."""
+        return self.g
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # x: (..., d); statistics over the last axis only
         mu = x.mean(-1, keepdim=True)
@@ -33,18 +39,29 @@ class RMSNorm(nn.Module):
         self.g = nn.Parameter(torch.ones(d))
         self.eps = eps
 
+    @property
+    def gain(self) -> torch.Tensor:
+        return self.g
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return x / rms * self.g                  # no mean subtraction, no bias
 
 
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """GELU through the tanh approximation, as GPT-2 was trained with it."""
-    return F.gelu(x, approximate="tanh")
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the gain is 1 + g, so g = 0 (its initial value) is the identity scale."""
 
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__(d, eps)
+        nn.init.zeros_(self.g)
 
-# the element-wise squashing functions the MLP can use (the chapter's "GELU, and why not ReLU")
-ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": gelu_tanh, "relu": F.relu, "silu": F.silu}
+    @property
+    def gain(self) -> torch.Tensor:
+        return 1 + self.g
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x / rms * self.gain
 
 
 class MLP(nn.Module):
@@ -63,6 +80,11 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.act = ACTIVATIONS[activation]
 
+    @property
+    def down(self) -> nn.Linear:
+        """The matrix that writes into the stream (W2), whatever the MLP calls it."""
+        return self.proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(self.proj(self.act(self.fc(x))))
 
@@ -75,50 +97,65 @@ class SwiGLU(nn.Module):
         self.w_down = nn.Linear(d_ff, d_model, bias=False)
         self.drop = nn.Dropout(dropout)
 
+    @property
+    def down(self) -> nn.Linear:
+        """The matrix that writes into the stream."""
+        return self.w_down
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # a SiLU gate decides how much of each "up" feature passes
         return self.drop(self.w_down(F.silu(self.w_gate(x)) * self.w_up(x)))
 
 
+class GeGLU(SwiGLU):
+    """SwiGLU with a GELU gate (Shazeer 2020), as Gemma uses it: the same three matrices."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "gelu_tanh"):
+        super().__init__(d_model, d_ff, dropout)
+        self.act = ACTIVATIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # a GELU gate on each "up" feature
+        return self.drop(self.w_down(self.act(self.w_gate(x)) * self.w_up(x)))
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
-    return LayerNorm(cfg.d_model, cfg.norm_eps) if cfg.norm == "layernorm" else RMSNorm(cfg.d_model, cfg.norm_eps)
+    norm = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "rmsnorm_offset": OffsetRMSNorm}[cfg.norm]
+    return norm(cfg.d_model, cfg.norm_eps)
 
 
 def make_mlp(cfg: ModelConfig) -> nn.Module:
     if cfg.mlp == "swiglu":
         return SwiGLU(cfg.d_model, cfg.hidden, cfg.dropout)
+    if cfg.mlp == "geglu":
+        return GeGLU(cfg.d_model, cfg.hidden, cfg.dropout, cfg.activation)
     return MLP(cfg.d_model, cfg.hidden, cfg.dropout, cfg.activation, cfg.bias)
 
 
 class TransformerBlock(nn.Module):
     """Pre-LN block:  x = x + Attn(LN1(x));  x = x + MLP(LN2(x))
 
-    ``TransformerBlock(d_model, n_heads)`` is the chapter's GPT-2 style block; pass ``cfg`` to take the
-    norm, MLP, attention shape and positions from a ModelConfig instead.
+    ``TransformerBlock(d_model, n_heads)`` is the chapter's GPT-2 style block;
+    ``TransformerBlock.from_config(cfg)`` is the block a ModelConfig describes.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        cfg: ModelConfig | None = None,
-    ):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, dropout: float = 0.0):
         super().__init__()
-        if cfg is None:
-            cfg = ModelConfig(
-                d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, activation="gelu"
-            )
-        self.ln1 = make_norm(cfg)
-        self.attn = MultiHeadAttention.from_config(cfg)
-        self.ln2 = make_norm(cfg)
-        self.mlp = make_mlp(cfg)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.ln1 = LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.ln2 = LayerNorm(d_model)
+        self.mlp = MLP(d_model, d_ff, dropout)
+        self.drop = nn.Dropout(dropout)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> TransformerBlock:
-        block_type = PostLNBlock if cfg.norm_placement == "post" else cls
-        return block_type(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg=cfg)
+        """The block of cfg's norm placement (pre, post or parallel), holding the family's parts:
+        its norm, its attention (heads, positions, window) and its MLP."""
+        block_type = {"pre": cls, "post": PostLNBlock, "parallel": ParallelBlock}[cfg.norm_placement]
+        with torch.device("meta"):  # the chapter's default parts, replaced below: never materialised
+            block = block_type(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout)
+        block.ln1, block.ln2 = make_norm(cfg), make_norm(cfg)
+        block.attn = MultiHeadAttention.from_config(cfg)
+        block.mlp = make_mlp(cfg)
+        return block
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln1(x), mask, cache))   # gather from context, write to stream
@@ -136,3 +173,14 @@ class PostLNBlock(TransformerBlock):
         x = self.ln1(x + self.drop(self.attn(x, mask, cache)))   # gather, add, renormalise the stream
         x = self.ln2(x + self.mlp(x))                            # think, add, renormalise the stream
         return x
+
+
+class ParallelBlock(TransformerBlock):
+    """Parallel block (GPT-J, GPT-NeoX/Pythia):  x = x + Attn(LN1(x)) + MLP(LN2(x))
+
+    Attention and the MLP both read the same stream and write into it side by side: the MLP does
+    not see what attention wrote in this block (so there is no stream "between" them).
+    """
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        return x + self.drop(self.attn(self.ln1(x), mask, cache)) + self.mlp(self.ln2(x))

@@ -11,20 +11,28 @@ import dataclasses
 import json
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import torch.nn.functional as F
 
 from .errors import ConfigError, MissingFileError
 
 # the largest sizes a config may hold: each well above any released model's, and low enough that a damaged
 # file claiming 2^32 layers or 2^40 positions is refused before anything is built for it
 SIZE_LIMITS = {"vocab_size": 2**22, "context": 2**20, "d_model": 2**16, "n_layers": 2**10, "n_heads": 2**12,
-               "n_kv_heads": 2**12, "d_ff": 2**18}
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
-MLP_KINDS = ("mlp", "swiglu")
-NORMS = ("layernorm", "rmsnorm")
-PLACEMENTS = ("pre", "post")
+               "n_kv_heads": 2**12, "d_ff": 2**18, "d_head": 2**12, "sliding_window": 2**20}
+# the element-wise squashing functions the MLP can use, by name (the chapter's "GELU, and why not ReLU");
+# gelu_tanh is GELU through the tanh approximation, as GPT-2 was trained with it
+ACTIVATIONS: dict[str, Callable] = {
+    "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu, "silu": F.silu,
+}
+MLP_KINDS = ("mlp", "swiglu", "geglu")
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_offset")  # rmsnorm_offset scales by (1 + g) (Gemma)
+PLACEMENTS = ("pre", "post", "parallel")  # parallel: x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)
 POSITIONS = ("learned", "rope")
 
 
@@ -44,7 +52,7 @@ class ModelConfig:
     n_kv_heads: int | None = None
     d_ff: int | None = None
     mlp: str = "mlp"  # "mlp" (W2 act(W1 x)) or "swiglu"
-    activation: str = "gelu_tanh"  # the MLP's nonlinearity; SwiGLU always gates with SiLU
+    activation: str = "gelu_tanh"  # the MLP's nonlinearity, GeGLU's gate; SwiGLU always gates with SiLU
     norm: str = "layernorm"
     norm_eps: float = 1e-5
     norm_placement: str = "pre"
@@ -52,12 +60,19 @@ class ModelConfig:
     rope_theta: float = 10000.0
     bias: bool = True  # biases on the attention and MLP linears
     tie_embeddings: bool = True
+    rotary_fraction: float = 1.0  # the share of each head's dimensions that RoPE rotates (Pythia: 0.25)
+    qkv_bias: bool = False  # biases on W_Q, W_K, W_V even without `bias` (Qwen2)
+    d_head: int | None = None  # each head's width, if not d_model / n_heads (Gemma)
+    scale_embeddings: bool = False  # token embeddings times sqrt(d_model) (Gemma)
+    sliding_window: int | None = None  # each query sees only the last this-many keys, itself included (Mistral)
     dropout: float = 0.0
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
         self._check_types()
-        if self.d_model % self.n_heads:
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            raise ConfigError(f"ModelConfig.rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
+        if self.d_head is None and self.d_model % self.n_heads:
             raise ConfigError(
                 f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
             )
@@ -65,8 +80,10 @@ class ModelConfig:
             raise ConfigError(
                 f"ModelConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})"
             )
-        if self.positions == "rope" and self.head_dim % 2:
-            raise ConfigError(f"ModelConfig.head_dim ({self.head_dim}) must be even for RoPE")
+        if self.positions == "rope" and self.rotary_dims % 2:
+            raise ConfigError(
+                f"ModelConfig: RoPE rotates pairs, so head_dim x rotary_fraction ({self.rotary_dims}) must be even"
+            )
         for f, allowed in (
             ("mlp", MLP_KINDS),
             ("activation", ACTIVATIONS),
@@ -89,19 +106,19 @@ class ModelConfig:
         file fails here, with the field's name, rather than deep inside torch; numpy scalars become plain ones."""
         for f, limit in SIZE_LIMITS.items():
             v = getattr(self, f)
-            if v is None and f in ("n_kv_heads", "d_ff"):
+            if v is None and f in ("n_kv_heads", "d_ff", "d_head", "sliding_window"):
                 continue
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise ConfigError(f"ModelConfig.{f} must be a whole number, got {v!r}")
             if not 1 <= v <= limit:
                 raise ConfigError(f"ModelConfig.{f} must be between 1 and {limit:,}, got {v:,}")
             object.__setattr__(self, f, int(v))
-        for f in ("norm_eps", "rope_theta", "dropout"):
+        for f in ("norm_eps", "rope_theta", "dropout", "rotary_fraction"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
                 raise ConfigError(f"ModelConfig.{f} must be a finite number, got {v!r}")
             object.__setattr__(self, f, float(v))
-        for f in ("bias", "tie_embeddings"):
+        for f in ("bias", "tie_embeddings", "qkv_bias", "scale_embeddings"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"ModelConfig.{f} must be true or false, got {getattr(self, f)!r}")
         for f in ("mlp", "activation", "norm", "norm_placement", "positions", "name"):
@@ -111,7 +128,12 @@ class ModelConfig:
     # derived sizes -------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def rotary_dims(self) -> int:
+        """How many of each head's dimensions RoPE rotates (the first ones)."""
+        return int(self.head_dim * self.rotary_fraction)
 
     @property
     def kv_heads(self) -> int:
@@ -199,6 +221,32 @@ PRESETS: dict[str, ModelConfig] = {
     "smollm2-135m": _llama(
         "smollm2-135m", vocab_size=49152, context=8192, d_model=576, n_layers=30, n_heads=9,
         n_kv_heads=3, d_ff=1536, rope_theta=100000.0,
+    ),
+    # the families interpretability studies, each a preset (the published shapes)
+    # GPT-NeoX / Pythia: parallel attention and MLP, rotary on a quarter of each head, untied embeddings
+    "pythia-70m": ModelConfig(
+        name="pythia-70m", vocab_size=50304, context=2048, d_model=512, n_layers=6, n_heads=8,
+        activation="gelu", norm_placement="parallel", positions="rope", rotary_fraction=0.25, tie_embeddings=False,
+    ),
+    "pythia-160m": ModelConfig(
+        name="pythia-160m", vocab_size=50304, context=2048, d_model=768, n_layers=12, n_heads=12,
+        activation="gelu", norm_placement="parallel", positions="rope", rotary_fraction=0.25, tie_embeddings=False,
+    ),
+    # Qwen2: Llama with biases on W_Q, W_K, W_V (not on W_O)
+    "qwen2-0.5b": _llama(
+        "qwen2-0.5b", vocab_size=151936, context=32768, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
+        d_ff=4864, rope_theta=1000000.0, qkv_bias=True, norm_eps=1e-6,
+    ),
+    # Gemma: GELU-gated MLP, RMSNorm scaling by (1 + g), embeddings times sqrt(d_model), 256-wide heads
+    "gemma-2b": _llama(
+        "gemma-2b", vocab_size=256000, context=8192, d_model=2048, n_layers=18, n_heads=8, n_kv_heads=1,
+        d_head=256, d_ff=16384, mlp="geglu", activation="gelu_tanh", norm="rmsnorm_offset",
+        scale_embeddings=True, norm_eps=1e-6,
+    ),
+    # Mistral: Llama with a sliding attention window (accounting only: 7B parameters)
+    "mistral-7b": _llama(
+        "mistral-7b", vocab_size=32000, context=32768, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+        d_ff=14336, sliding_window=4096, tie_embeddings=False,
     ),
     # for parameter and FLOP accounting only: never instantiate it (70B parameters)
     "llama3-70b": _llama(

@@ -59,9 +59,11 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model) if cfg.positions == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(TransformerBlock.from_config(cfg) for _ in range(cfg.n_layers))
-        # pre-LN never normalises the stream itself, so one last norm before reading it out;
-        # post-LN blocks already leave it normalised
-        self.ln_f = make_norm(cfg) if cfg.norm_placement == "pre" else nn.Identity()
+        for block in self.blocks[1:]:  # RoPE's tables follow from the shape alone: one copy serves every layer
+            block.attn.rope = self.blocks[0].attn.rope
+        # pre-LN (and parallel) blocks never normalise the stream itself, so one last norm before reading
+        # it out; post-LN blocks already leave it normalised
+        self.ln_f = make_norm(cfg) if cfg.norm_placement != "post" else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the unembedding
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
@@ -71,9 +73,9 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         # after self.apply(self._init_weights): shrink the two residual-writing matrices per block,
         # so that the 2N writes into the stream add up to variance ~0.02^2 rather than 2N times it
-        for name, p in self.named_parameters():
-            if name.endswith(("attn.out.weight", "mlp.proj.weight", "mlp.w_down.weight")):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.n_layers))
+        for block in self.blocks:
+            for lin in (block.attn.out, block.mlp.down):
+                nn.init.normal_(lin.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.n_layers))
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -150,6 +152,8 @@ class GPT(nn.Module):
         """Token (and learned position) embeddings: the residual stream before block 0.
         pos: the positions of idx's T tokens (T,), by default 0..T-1."""
         x = self.tok_emb(idx)
+        if self.cfg.scale_embeddings:  # Gemma: sqrt(d_model), rounded to the stream's dtype as Gemma does
+            x = x * torch.tensor(self.cfg.d_model**0.5, dtype=x.dtype)
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos if pos is not None else torch.arange(idx.size(1), device=idx.device))
         return self.drop(x)
@@ -334,14 +338,11 @@ def plain_attention(model: GPT, layers: Iterable[int] | None = None) -> Iterator
     """Route attention (all layers, or the given ones) through the plain softmax path, which exposes
     the pattern; restore the model's own choice afterwards."""
     attns = [model.blocks[i].attn for i in (range(len(model.blocks)) if layers is None else set(layers))]
-    before = [a.__dict__.get("use_sdpa") for a in attns]
+    before = [a.use_sdpa for a in attns]
     for a in attns:
-        a.use_sdpa = False          # an instance attribute shadows the class default for this model only
+        a.use_sdpa = False
     try:
         yield
     finally:
         for a, old in zip(attns, before):
-            if old is None:
-                del a.use_sdpa
-            else:
-                a.use_sdpa = old
+            a.use_sdpa = old

@@ -11,7 +11,7 @@ import torch
 from . import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-MODEL_HELP = "smollm2, a .gguf file, a Hugging Face directory or a lumen run directory"
+MODEL_HELP = "smollm2, a .gguf file, a Hugging Face directory, hf:ORG/NAME[@REVISION] or a lumen run directory"
 
 
 def add_model_argument(p: argparse.ArgumentParser, help: str = MODEL_HELP) -> None:

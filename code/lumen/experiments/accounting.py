@@ -4,23 +4,20 @@ share as the context grows.
 
 FLOPs are measured on the meta device (shapes only, no arithmetic), so even the 70B preset costs nothing.
 FlopCounterMode does not see inside the fused scaled-dot-product kernel on CPU, so the readable attention path
-(`MultiHeadAttention.use_sdpa = False`, restored afterwards) is measured; it computes the full L x L square,
+(`model.plain_attention(model)`) is measured; it computes the full L x L square,
 as the formula assumes (a causal kernel that skips the masked half does about half the core's work).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..accounting import count, formula, forward_flops_per_token, training_flops
-from ..attention import MultiHeadAttention
 from ..config import PRESETS, ModelConfig
-from ..model import GPT
+from ..model import GPT, plain_attention
 from .result import Result, Table, figure
 
 NAME = "accounting"
@@ -41,17 +38,6 @@ SIZES: dict[bool, dict[str, Any]] = {
 }
 
 
-@contextmanager
-def readable_attention() -> Iterator[None]:
-    """Route all attention through the plain path that FlopCounterMode can count; restore afterwards."""
-    before = MultiHeadAttention.use_sdpa
-    MultiHeadAttention.use_sdpa = False
-    try:
-        yield
-    finally:
-        MultiHeadAttention.use_sdpa = before
-
-
 def meta_model(cfg: ModelConfig, context: int) -> GPT:
     """The model on the meta device (shapes, no memory), with positions for at least `context` tokens
     (positions only change tables, not matmuls)."""
@@ -67,7 +53,7 @@ def measured_flops(model: GPT, context: int, backward: bool = False) -> dict[str
     with torch.device("meta"):
         x = torch.randn(1, context, model.cfg.d_model, requires_grad=True)   # the embedded stream
     counter = FlopCounterMode(display=False)
-    with readable_attention(), counter:
+    with plain_attention(model), counter:
         h = x
         for block in model.blocks:
             h = block(h)

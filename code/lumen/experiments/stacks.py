@@ -55,21 +55,17 @@ def build(cfg: ModelConfig, kind: str = "residual", residual_rule: bool = True) 
         raise UserError(f"unknown stack kind {kind!r}; choose one of {', '.join(KINDS)}")
     model = GPT(cfg)
     if kind in ("plain", "plain-unnormed"):
-        model.blocks = nn.ModuleList(PlainBlock(cfg.d_model, cfg.n_heads, cfg=cfg) for _ in range(cfg.n_layers))
+        model.blocks = nn.ModuleList(PlainBlock.from_config(cfg) for _ in range(cfg.n_layers))
         if kind == "plain-unnormed":   # x = MLP(Attn(x)): nothing rescales the signal between layers
             for b in model.blocks:
                 b.ln1, b.ln2 = nn.Identity(), nn.Identity()
     elif kind == "attention-only":
         model.blocks = nn.ModuleList(AttentionOnlyBlock(cfg) for _ in range(cfg.n_layers))
     model.blocks.apply(model._init_weights)
-    writes = sum(1 for n, _ in model.blocks.named_parameters() if _is_write(n))
-    for name, p in model.blocks.named_parameters():
-        if _is_write(name):
-            std = 0.02 / math.sqrt(writes) if residual_rule and not kind.startswith("plain") else 0.02
-            nn.init.normal_(p, mean=0.0, std=std)
+    # the matrices that write into the stream: attention's W_O and the MLP's W_2 (attention-only: W_O alone)
+    writes = [b.attn.out for b in model.blocks] if kind == "attention-only" else [
+        lin for b in model.blocks for lin in (b.attn.out, b.mlp.down)]
+    std = 0.02 / math.sqrt(len(writes)) if residual_rule and not kind.startswith("plain") else 0.02
+    for lin in writes:
+        nn.init.normal_(lin.weight, mean=0.0, std=std)
     return model
-
-
-def _is_write(name: str) -> bool:
-    """The matrices that write into the stream: attention's W_O and the MLP's W_2."""
-    return name.endswith(("attn.out.weight", "mlp.proj.weight", "mlp.w_down.weight"))

@@ -7,6 +7,7 @@ Specs, tried in this order:
   smollm2                  a named pretrained model, fetched once into lumen's cache (see MODELS)
   path/to/model.gguf       a llama.cpp GGUF file (Llama family)
   path/to/hf-dir           config.json with a `model_type` + *.safetensors (tokenizer.json if present)
+  hf:ORG/NAME[@REVISION]   a Hugging Face hub model, from (or downloaded into) the standard HF cache
   path/to/run-or-step-dir  a lumen training run or checkpoint directory
 """
 
@@ -26,7 +27,7 @@ MODELS = {"smollm2": "smollm2"}
 
 SPEC_FORMS = (
     f"a model name ({', '.join(MODELS)}), a .gguf file, a Hugging Face directory "
-    "(config.json + model.safetensors), or a lumen run/checkpoint directory"
+    "(config.json + model.safetensors), hf:ORG/NAME (the Hugging Face hub), or a lumen run/checkpoint directory"
 )
 
 
@@ -57,6 +58,14 @@ def _load(spec: str, device: str | torch.device, dtype: torch.dtype) -> tuple[GP
     from . import gguf
 
     path = Path(spec)
+    if spec.startswith("hf:"):  # a hub model: its snapshot folder in the Hugging Face cache is an HF directory
+        from .hf import hub_snapshot, load_hf_dir
+
+        path = hub_snapshot(spec.removeprefix("hf:"))
+        has_tokenizer = (path / "tokenizer.json").is_file()
+        model = load_hf_dir(path, device, dtype)
+        model.cfg = model.cfg.replace(name=spec)
+        return model, Tokenizer.load(path) if has_tokenizer else None
     if spec in MODELS and not path.exists():
         from ..fetch import fetch
 

@@ -1,10 +1,16 @@
-"""Hugging Face interop: GPT2LMHeadModel and LlamaForCausalLM state dicts and config.json, both ways.
+"""Hugging Face interop: the state dicts and config.json of GPT-2, Llama, Qwen2, Mistral, Gemma and
+GPT-NeoX (Pythia), both ways.
 
-The key maps are plain tables; GPT-2's only quirk is its Conv1D, which stores weights as (in, out)
-and fuses W_Q, W_K, W_V into one c_attn matrix.
+The key maps are plain tables. Two layouts need more than a rename: GPT-2's Conv1D stores weights as
+(in, out) and fuses W_Q, W_K, W_V into one c_attn matrix; GPT-NeoX fuses them into query_key_value with
+the rows of each head together ([q_h, k_h, v_h] for head h).
 
-    >>> model = load_hf_dir("path/to/hf-dir")            # doctest: +SKIP
-    >>> save_hf_dir(model, "out/")                        # transformers' from_pretrained reads it
+A directory this module writes is one transformers' from_pretrained reads; `hub_snapshot` finds (or
+downloads) a hub model in the Hugging Face cache:
+
+    >>> model = load_hf_dir("path/to/hf-dir")                         # doctest: +SKIP
+    >>> save_hf_dir(model, "out/")                                     # doctest: +SKIP
+    >>> pythia = load_hf_dir(hub_snapshot("EleutherAI/pythia-70m"))   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -20,56 +26,105 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ..errors import ConfigError, MissingFileError, ModelFileError
+from ..errors import ConfigError, FetchError, MissingFileError, ModelFileError, UserError
 from ..model import GPT
 from ..tokenizers import read_json
 from .weights import read_safetensors
 
-GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
-                    "silu": "silu", "swish": "silu"}
+# lumen's activation names (config.ACTIVATIONS) in Hugging Face's spelling, and back (with HF's aliases)
+HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+FROM_HF_ACTIVATIONS = {v: k for k, v in HF_ACTIVATIONS.items()} | {"gelu_pytorch_tanh": "gelu_tanh", "swish": "silu"}
+FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "gemma", "gpt_neox")
+ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM", "gpt_neox": "GPTNeoXForCausalLM"}
 
 
 # ---------------------------------------------------------------------------------------------
 # config.json
 def family(cfg: ModelConfig) -> str:
-    """Which Hugging Face architecture can hold this config: "gpt2" or "llama"."""
-    shape = (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement, cfg.bias)
-    gpt2 = shape == ("mlp", "layernorm", "learned", "pre", True)
-    if gpt2 and cfg.kv_heads == cfg.n_heads:
+    """Which Hugging Face architecture can hold this config (one of FAMILIES)."""
+    parts = (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement)
+    # GPT-2 and GPT-NeoX: plain multi-head attention over heads that fill d_model, biases everywhere
+    mha = cfg.bias and cfg.kv_heads == cfg.n_heads and cfg.n_heads * cfg.head_dim == cfg.d_model
+    mha = mha and not cfg.scale_embeddings and cfg.sliding_window is None
+    if parts == ("mlp", "layernorm", "learned", "pre") and mha:
         return "gpt2"
-    if (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement) == ("swiglu", "rmsnorm", "rope", "pre"):
-        return "llama"
+    if (cfg.mlp, cfg.norm, cfg.positions) == ("mlp", "layernorm", "rope") and cfg.norm_placement != "post" and mha:
+        return "gpt_neox"
+    if parts == ("geglu", "rmsnorm_offset", "rope", "pre") and cfg.scale_embeddings and cfg.rotary_fraction == 1.0:
+        if not cfg.bias and not cfg.qkv_bias and cfg.sliding_window is None and cfg.activation == "gelu_tanh":
+            return "gemma"
+    if parts == ("swiglu", "rmsnorm", "rope", "pre") and cfg.rotary_fraction == 1.0 and not cfg.scale_embeddings:
+        if cfg.sliding_window is not None and not (cfg.bias or cfg.qkv_bias):
+            return "mistral"
+        if cfg.sliding_window is None:
+            return "qwen2" if cfg.qkv_bias and not cfg.bias else "llama"
     raise ModelFileError(
         f"config {cfg.name!r} matches no Hugging Face architecture: GPT-2 needs layernorm + mlp + learned positions + "
-        "biases + pre-LN; Llama needs rmsnorm + swiglu + rope + pre-LN"
+        "biases + pre-LN; Llama needs rmsnorm + swiglu + rope + pre-LN (Qwen2: + qkv_bias, Mistral: + sliding_window); "
+        "Gemma needs rmsnorm_offset + geglu + scale_embeddings; GPT-NeoX needs layernorm + mlp + rope + biases"
     )
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    if family(cfg) == "gpt2":
-        act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}[cfg.activation]
-        return {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
+    fam = family(cfg)
+    common = {"architectures": [ARCHITECTURES[fam]], "model_type": fam, "vocab_size": cfg.vocab_size,
+              "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": 0.02}
+    if fam == "gpt2":
+        return common | {
             "n_positions": cfg.context, "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
-            "n_inner": cfg.d_ff, "activation_function": act, "layer_norm_epsilon": cfg.norm_eps,
-            "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
-            "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": 0.02,
+            "n_inner": cfg.d_ff, "activation_function": HF_ACTIVATIONS[cfg.activation],
+            "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+            "attn_pdrop": cfg.dropout,
         }
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    shape = {
         "hidden_size": cfg.d_model, "intermediate_size": cfg.hidden, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
-        "hidden_act": "silu", "max_position_embeddings": cfg.context, "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.bias, "mlp_bias": False,
-        "attention_dropout": cfg.dropout, "initializer_range": 0.02,
+        "num_attention_heads": cfg.n_heads, "max_position_embeddings": cfg.context, "rope_theta": cfg.rope_theta,
+        "attention_dropout": cfg.dropout,
     }
+    if fam == "gpt_neox":  # the old keys (rotary_pct, rotary_emb_base) too, as Pythia's own config.json has them
+        return common | shape | {
+            "hidden_act": HF_ACTIVATIONS[cfg.activation], "layer_norm_eps": cfg.norm_eps,
+            "use_parallel_residual": cfg.norm_placement == "parallel", "rotary_pct": cfg.rotary_fraction,
+            "rotary_emb_base": cfg.rope_theta, "rope_parameters": rope | {"partial_rotary_factor": cfg.rotary_fraction},
+            "attention_bias": True, "hidden_dropout": cfg.dropout,
+        }
+    out = common | shape | {
+        "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.norm_eps,
+        "rope_parameters": rope, "hidden_act": "gelu_pytorch_tanh" if fam == "gemma" else "silu",
+    }
+    if fam == "llama":
+        out |= {"attention_bias": cfg.bias, "mlp_bias": False}
+    if fam == "mistral":
+        out["sliding_window"] = cfg.sliding_window
+    if fam == "qwen2":
+        out |= {"use_sliding_window": False, "sliding_window": None}
+    return out
+
+
+def _rope(c: dict, default_theta: float = 10000.0) -> tuple[float, float]:
+    """(theta, rotary fraction) from either config.json spelling; scaled RoPE variants are refused."""
+    rope = c.get("rope_parameters") or {}
+    scaling = c.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    if rope_type != "default":
+        raise ModelFileError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
+    theta = rope.get("rope_theta", c.get("rope_theta", c.get("rotary_emb_base", default_theta)))
+    fraction = rope.get("partial_rotary_factor", c.get("rotary_pct", c.get("partial_rotary_factor", 1.0)))
+    return float(theta), float(fraction)
+
+
+def _activation(act: str, kind: str) -> str:
+    if act not in FROM_HF_ACTIVATIONS:
+        raise ModelFileError(f"{kind} activation {act!r} is not supported; supported: {', '.join(FROM_HF_ACTIVATIONS)}")
+    return FROM_HF_ACTIVATIONS[act]
 
 
 # the config.json keys config_from_hf reads, by the type their values must have; and the ones it needs
 _HF_INTS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "hidden_size", "intermediate_size",
             "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "head_dim")
-_HF_FLOATS = ("layer_norm_epsilon", "rms_norm_eps", "rope_theta")
+_HF_FLOATS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_theta", "rotary_emb_base", "rotary_pct")
 _HF_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "scale_attn_by_inverse_layer_idx",
              "reorder_and_upcast_attn")
 _HF_REQUIRED = {"gpt2": ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"),
@@ -84,7 +139,7 @@ def check_hf_config(c: object) -> None:
     kind = c.get("model_type")
     if not isinstance(kind, str):
         raise ModelFileError(f"'model_type' must be a string such as \"llama\", got {kind!r}")
-    for key in _HF_REQUIRED.get("llama" if kind in ("mistral", "qwen2") else kind, ()):
+    for key in _HF_REQUIRED.get("llama" if kind in ("mistral", "qwen2", "gemma", "gpt_neox") else kind, ()):
         if c.get(key) is None:
             raise ModelFileError(f"the config lacks {key!r}, which a {kind} model needs")
     for keys, ok, what in ((_HF_INTS, lambda v: isinstance(v, int) and v > 0, "a positive whole number"),
@@ -107,9 +162,6 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
     check_hf_config(c)
     kind = c.get("model_type")
     if kind == "gpt2":
-        act = c.get("activation_function", "gelu_new")
-        if act not in GPT2_ACTIVATIONS:
-            raise ModelFileError(f"GPT-2 activation {act!r} is not supported; supported: {', '.join(GPT2_ACTIVATIONS)}")
         if c.get("scale_attn_by_inverse_layer_idx") or c.get("reorder_and_upcast_attn"):
             raise ModelFileError(
                 "GPT-2 configs with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn are not supported"
@@ -117,37 +169,50 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
         return ModelConfig(
             name=name, vocab_size=c["vocab_size"], context=c["n_positions"], d_model=c["n_embd"],
             n_layers=c["n_layer"], n_heads=c["n_head"], d_ff=c.get("n_inner"), mlp="mlp",
-            activation=GPT2_ACTIVATIONS[act], norm="layernorm", norm_eps=c.get("layer_norm_epsilon", 1e-5),
-            positions="learned", bias=True, tie_embeddings=c.get("tie_word_embeddings", True),
+            activation=_activation(c.get("activation_function", "gelu_new"), "GPT-2"), norm="layernorm",
+            norm_eps=c.get("layer_norm_epsilon", 1e-5), positions="learned", bias=True,
+            tie_embeddings=c.get("tie_word_embeddings", True),
         )
-    if kind in ("llama", "mistral", "qwen2"):
-        rope = c.get("rope_parameters") or {}
-        scaling = c.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", scaling.get("rope_type", "default"))
-        if rope_type != "default":
-            raise ModelFileError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
+    if kind == "gpt_neox":
+        theta, fraction = _rope(c)
+        if not c.get("attention_bias", True):
+            raise ModelFileError("GPT-NeoX configs with attention_bias=false are not supported")
+        return ModelConfig(
+            name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048),
+            d_model=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
+            d_ff=c.get("intermediate_size"), mlp="mlp", activation=_activation(c.get("hidden_act", "gelu"), "GPT-NeoX"),
+            norm="layernorm", norm_eps=c.get("layer_norm_eps", 1e-5),
+            norm_placement="parallel" if c.get("use_parallel_residual", True) else "pre", positions="rope",
+            rope_theta=theta, rotary_fraction=fraction, bias=True, tie_embeddings=c.get("tie_word_embeddings", False),
+        )
+    if kind in ("llama", "mistral", "qwen2", "gemma"):
+        theta, fraction = _rope(c)
+        if fraction != 1.0:
+            raise ModelFileError(f"{kind} configs with partial rotary ({fraction}) are not supported")
         if c.get("mlp_bias"):
-            raise ModelFileError("Llama configs with mlp_bias=true are not supported (lumen's SwiGLU has no biases)")
-        if c.get("hidden_act", "silu") != "silu":
-            raise ModelFileError(f"Llama hidden_act {c['hidden_act']!r} is not supported (only silu)")
+            raise ModelFileError(f"{kind} configs with mlp_bias=true are not supported (lumen's gated MLPs have none)")
+        act = c.get("hidden_activation") or c.get("hidden_act", "silu")
+        if kind == "gemma":  # Gemma's "gelu" always meant the tanh approximation (transformers converts it too)
+            act = "gelu_pytorch_tanh" if act == "gelu" else act
+            if act != "gelu_pytorch_tanh":
+                raise ModelFileError(f"Gemma hidden_act {act!r} is not supported (only gelu_pytorch_tanh)")
+        elif act != "silu":
+            raise ModelFileError(f"{kind} hidden_act {act!r} is not supported (only silu)")
+        window = c.get("sliding_window") if kind == "mistral" else None
+        if kind == "qwen2" and c.get("use_sliding_window"):
+            raise ModelFileError("Qwen2 configs with use_sliding_window=true (windows on some layers): not supported")
         d, h = c["hidden_size"], c["num_attention_heads"]
-        if c.get("head_dim") not in (None, d // h):
-            raise ModelFileError(
-                f"head_dim {c['head_dim']} != hidden_size / num_attention_heads ({d // h}): not supported"
-            )
-        if c.get("sliding_window") and kind == "mistral":
-            raise ModelFileError("sliding-window attention is not supported")
+        gemma = kind == "gemma"
         return ModelConfig(
             name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=d,
             n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
-            d_ff=c["intermediate_size"], mlp="swiglu", activation="silu", norm="rmsnorm",
-            norm_eps=c.get("rms_norm_eps", 1e-6), positions="rope",
-            rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-            bias=bool(c.get("attention_bias", kind == "qwen2")), tie_embeddings=c.get("tie_word_embeddings", False),
+            d_head=c.get("head_dim") or None, d_ff=c["intermediate_size"], mlp="geglu" if gemma else "swiglu",
+            activation="gelu_tanh" if gemma else "silu", norm="rmsnorm_offset" if gemma else "rmsnorm",
+            norm_eps=c.get("rms_norm_eps", 1e-6), positions="rope", rope_theta=theta,
+            bias=bool(c.get("attention_bias", False)) and kind != "qwen2", qkv_bias=kind == "qwen2",
+            tie_embeddings=c.get("tie_word_embeddings", gemma), scale_embeddings=gemma, sliding_window=window,
         )
-    raise ModelFileError(
-        f"Hugging Face model_type {kind!r} is not supported; supported: gpt2, llama (and mistral/qwen2)"
-    )
+    raise ModelFileError(f"Hugging Face model_type {kind!r} is not supported; supported: {', '.join(FAMILIES)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +223,7 @@ _GPT2_BLOCK = {  # lumen name -> GPT-2 name, inside block i; "*" marks a Conv1D 
     "mlp.fc.weight": "mlp.c_fc.weight*", "mlp.fc.bias": "mlp.c_fc.bias",
     "mlp.proj.weight": "mlp.c_proj.weight*", "mlp.proj.bias": "mlp.c_proj.bias",
 }
-_LLAMA_BLOCK = {
+_LLAMA_BLOCK = {  # also Qwen2, Mistral and Gemma
     "ln1.g": "input_layernorm.weight", "ln2.g": "post_attention_layernorm.weight",
     "attn.q.weight": "self_attn.q_proj.weight", "attn.k.weight": "self_attn.k_proj.weight",
     "attn.v.weight": "self_attn.v_proj.weight", "attn.out.weight": "self_attn.o_proj.weight",
@@ -167,57 +232,93 @@ _LLAMA_BLOCK = {
     "mlp.w_gate.weight": "mlp.gate_proj.weight", "mlp.w_up.weight": "mlp.up_proj.weight",
     "mlp.w_down.weight": "mlp.down_proj.weight",
 }
+_NEOX_BLOCK = {
+    "ln1.g": "input_layernorm.weight", "ln1.b": "input_layernorm.bias",
+    "ln2.g": "post_attention_layernorm.weight", "ln2.b": "post_attention_layernorm.bias",
+    "attn.out.weight": "attention.dense.weight", "attn.out.bias": "attention.dense.bias",
+    "mlp.fc.weight": "mlp.dense_h_to_4h.weight", "mlp.fc.bias": "mlp.dense_h_to_4h.bias",
+    "mlp.proj.weight": "mlp.dense_4h_to_h.weight", "mlp.proj.bias": "mlp.dense_4h_to_h.bias",
+}
+_LLAMA_TOP = {"tok_emb.weight": "model.embed_tokens.weight", "ln_f.g": "model.norm.weight",
+              "lm_head.weight": "lm_head.weight"}
 _TOP = {
     "gpt2": {"tok_emb.weight": "transformer.wte.weight", "pos_emb.weight": "transformer.wpe.weight",
              "ln_f.g": "transformer.ln_f.weight", "ln_f.b": "transformer.ln_f.bias",
              "lm_head.weight": "lm_head.weight"},
-    "llama": {"tok_emb.weight": "model.embed_tokens.weight", "ln_f.g": "model.norm.weight",
-              "lm_head.weight": "lm_head.weight"},
+    "gpt_neox": {"tok_emb.weight": "gpt_neox.embed_in.weight", "ln_f.g": "gpt_neox.final_layer_norm.weight",
+                 "ln_f.b": "gpt_neox.final_layer_norm.bias", "lm_head.weight": "embed_out.weight"},
+    "llama": _LLAMA_TOP, "qwen2": _LLAMA_TOP, "mistral": _LLAMA_TOP, "gemma": _LLAMA_TOP,
 }
+_BLOCKS = {"gpt2": ("transformer.h", _GPT2_BLOCK), "gpt_neox": ("gpt_neox.layers", _NEOX_BLOCK)}
+_FUSED_QKV = {"gpt2": "attn.c_attn", "gpt_neox": "attention.query_key_value"}
 
 
 def _key_map(cfg: ModelConfig) -> dict[str, str]:
-    """lumen parameter name -> HF name, for every parameter of this config."""
+    """lumen parameter name -> HF name, for every parameter of this config but fused q/k/v."""
     fam = family(cfg)
-    prefix, block = ("transformer.h", _GPT2_BLOCK) if fam == "gpt2" else ("model.layers", _LLAMA_BLOCK)
+    prefix, block = _BLOCKS.get(fam, ("model.layers", _LLAMA_BLOCK))
     keys = dict(_TOP[fam])
     for i in range(cfg.n_layers):
         keys.update({f"blocks.{i}.{k}": f"{prefix}.{i}.{v}" for k, v in block.items()})
     return keys
 
 
+def _is_qkv(name: str) -> bool:
+    return ".attn." in name and name.split(".attn.")[1].split(".")[0] in ("q", "k", "v")
+
+
+def _fuse(parts: list[torch.Tensor], fam: str, cfg: ModelConfig) -> torch.Tensor:
+    """W_Q, W_K, W_V (or their biases) as one fused HF tensor: GPT-2 stacks them whole, then stores the
+    weight transposed (Conv1D); GPT-NeoX interleaves them head by head."""
+    if fam == "gpt2":
+        fused = torch.cat(parts)
+        return fused.t().contiguous() if fused.dim() == 2 else fused
+    h = cfg.n_heads
+    per_head = torch.stack([t.reshape(h, cfg.head_dim, *t.shape[1:]) for t in parts], dim=1)  # (h, 3, hd, ...)
+    return per_head.reshape(3 * h * cfg.head_dim, *parts[0].shape[1:]).contiguous()
+
+
+def _unfuse(fused: torch.Tensor, fam: str, cfg: ModelConfig) -> list[torch.Tensor]:
+    """The inverse of _fuse: [W_Q, W_K, W_V] (or their biases)."""
+    if fam == "gpt2":
+        fused = fused.t() if fused.dim() == 2 else fused
+        return [t.contiguous() for t in fused.chunk(3, dim=0)]
+    h = cfg.n_heads
+    per_head = fused.reshape(h, 3, cfg.head_dim, *fused.shape[1:])
+    return [per_head[:, j].reshape(h * cfg.head_dim, *fused.shape[1:]).contiguous() for j in range(3)]
+
+
 def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """A lumen state dict in Hugging Face's names and layouts (tied weights stored once)."""
-    keys, out = _key_map(cfg), {}
+    fam, keys, out = family(cfg), _key_map(cfg), {}
     for name, t in state.items():
-        if name == "lm_head.weight" and cfg.tie_embeddings:
-            continue
-        if family(cfg) == "gpt2" and ".attn." in name and name.split(".attn.")[1].split(".")[0] in "qkv":
-            continue  # fused below
+        if (name == "lm_head.weight" and cfg.tie_embeddings) or (fam in _FUSED_QKV and _is_qkv(name)):
+            continue  # tied, or fused below
         hf = keys[name]
         out[hf.rstrip("*")] = t.t().contiguous() if hf.endswith("*") else t
-    if family(cfg) == "gpt2":
-        for i in range(cfg.n_layers):  # c_attn = [W_Q | W_K | W_V] as one (d, 3d) Conv1D
+    if fam in _FUSED_QKV:
+        prefix = _BLOCKS[fam][0]
+        for i in range(cfg.n_layers):
             p = f"blocks.{i}.attn."
-            fused = torch.cat([state[p + f"{m}.weight"] for m in "qkv"])
-            out[f"transformer.h.{i}.attn.c_attn.weight"] = fused.t().contiguous()
-            out[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat([state[p + f"{m}.bias"] for m in "qkv"])
+            for kind in ("weight", "bias"):
+                parts = [state[p + f"{m}.{kind}"] for m in "qkv"]
+                out[f"{prefix}.{i}.{_FUSED_QKV[fam]}.{kind}"] = _fuse(parts, fam, cfg)
     return out
 
 
 def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A Hugging Face state dict (GPT-2 or Llama) in lumen's names; raises on missing tensors."""
-    keys, out = _key_map(cfg), {}
+    """A Hugging Face state dict in lumen's names; raises on missing tensors."""
+    fam, keys, out = family(cfg), _key_map(cfg), {}
+    hf = _canonical_names(hf, fam)
     with torch.device("meta"):
         template = GPT(cfg)
     for name in template.state_dict():
         if name == "lm_head.weight" and cfg.tie_embeddings:
             continue
-        if family(cfg) == "gpt2" and ".attn." in name and name.split(".attn.")[1].split(".")[0] in "qkv":
+        if fam in _FUSED_QKV and _is_qkv(name):
             i, (m, kind) = int(name.split(".")[1]), name.split(".attn.")[1].split(".")
-            fused = _need(hf, f"transformer.h.{i}.attn.c_attn.{kind}")
-            fused = fused.t() if kind == "weight" else fused
-            out[name] = fused.chunk(3, dim=0)["qkv".index(m)].contiguous()
+            fused = _need(hf, f"{_BLOCKS[fam][0]}.{i}.{_FUSED_QKV[fam]}.{kind}")
+            out[name] = _unfuse(fused, fam, cfg)["qkv".index(m)]
             continue
         hf_name = keys[name]
         t = _need(hf, hf_name.rstrip("*"))
@@ -225,6 +326,16 @@ def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
     if cfg.tie_embeddings:
         out["lm_head.weight"] = out["tok_emb.weight"]
     return out
+
+
+def _canonical_names(hf: dict[str, torch.Tensor], fam: str) -> dict[str, torch.Tensor]:
+    """Other spellings of the same tensors: GPT-2's original hub file has no `transformer.` prefix
+    (`h.0.attn.c_attn.weight`, `wte.weight`); transformers 5 calls GPT-NeoX's `embed_out` `lm_head`."""
+    if fam == "gpt2" and "wte.weight" in hf:
+        return {k if k.startswith("lm_head.") else f"transformer.{k}": v for k, v in hf.items()}
+    if fam == "gpt_neox" and "lm_head.weight" in hf and "embed_out.weight" not in hf:
+        return {"embed_out.weight" if k == "lm_head.weight" else k: v for k, v in hf.items()}
+    return hf
 
 
 def _need(hf: dict[str, torch.Tensor], key: str) -> torch.Tensor:
@@ -236,14 +347,15 @@ def _need(hf: dict[str, torch.Tensor], key: str) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # directories and live models
 def from_hf_model(hf_model: torch.nn.Module) -> GPT:
-    """A lumen GPT with the weights of a transformers GPT2LMHeadModel or LlamaForCausalLM."""
+    """A lumen GPT with the weights of a transformers model of one of FAMILIES."""
     cfg = config_from_hf(hf_model.config.to_dict(), name=hf_model.config.model_type)
     state = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
     return GPT.from_state(cfg, from_hf(state, cfg), source=f"transformers {type(hf_model).__name__}")
 
 
 def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> GPT:
-    """Load a Hugging Face-format directory (config.json + model.safetensors, or sharded safetensors)."""
+    """Load a Hugging Face-format directory: config.json and model.safetensors, or the shards that
+    model.safetensors.index.json lists. Weights stored in fp16/bf16 load into `dtype`."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise MissingFileError(f"{path} has no config.json (expected a Hugging Face model directory)")
@@ -255,7 +367,7 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
     hf: dict[str, torch.Tensor] = {}
     for f in weight_files(path):
         hf.update(read_safetensors(f))
-    layers = {int(m.group(1)) for k in hf if (m := re.search(r"\.(?:layers|h)\.(\d+)\.", k))}
+    layers = {int(m.group(1)) for k in hf if (m := re.search(r"(?:^|\.)(?:layers|h)\.(\d+)\.", k))}
     if layers != set(range(cfg.n_layers)):
         raise ModelFileError(f"{path}: config.json says {cfg.n_layers} layers but the weights hold layers "
                              f"{sorted(layers)[:8]}{'...' if len(layers) > 8 else ''}; they belong to different models")
@@ -310,3 +422,56 @@ def save_hf_dir(model: GPT, path: str | Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# the Hugging Face hub
+# config and tokenizer json files, and the transformers weights (model.safetensors or its shards), not
+# other copies some repositories also hold (consolidated.safetensors, pickles, onnx)
+HUB_FILES = ["*.json", "model*.safetensors"]
+
+
+def hub_cache_dir() -> Path:
+    """The standard Hugging Face cache, read from the environment now (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("HF_HOME") or xdg / "huggingface").expanduser() / "hub"
+
+
+def hub_snapshot(name: str) -> Path:
+    """The local folder of hub model "ORG/NAME" or "ORG/NAME@REVISION": downloaded into the standard
+    Hugging Face cache unless it is there already; with HF_HUB_OFFLINE=1 or no network, from the cache
+    only. Only config/tokenizer json files and safetensors weights are fetched."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    repo, at, revision = name.partition("@")
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo) or (at and not revision):
+        raise UserError(f"hf:{name}: give hf:ORG/NAME or hf:ORG/NAME@REVISION, e.g. hf:EleutherAI/pythia-70m")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    cache = hub_cache_dir()
+    try:
+        return Path(snapshot_download(repo, revision=revision or None, cache_dir=cache, local_files_only=offline,
+                                      allow_patterns=HUB_FILES))
+    except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE=1 is set" if offline else "the Hugging Face hub cannot be reached"
+        rev = f" --revision {revision}" if revision else ""
+        raise MissingFileError(
+            f"hf:{name} is not in the Hugging Face cache ({cache}) and {why}: download it where there is network "
+            f"access with `hf download {repo}{rev} --include '*.json' 'model*.safetensors'` (same HF_HOME), "
+            "or give the path of a local model directory"
+        ) from None
+    except RevisionNotFoundError:
+        raise UserError(f"hf:{name}: the hub has no revision {revision!r} of {repo}") from None
+    except RepositoryNotFoundError:
+        raise UserError(
+            f"hf:{name}: the hub has no model {repo} (or it is private or gated: log in with `hf auth login`)"
+        ) from None
+    except HfHubHTTPError as e:
+        raise FetchError(f"hf:{name}: the hub refused the download ({str(e).splitlines()[0][:160]})") from None

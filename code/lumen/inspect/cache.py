@@ -5,7 +5,7 @@ Every activation has a stable name (the stream after the embedding, and per bloc
     embed                   the residual stream before block 0
     blocks.i.resid_pre      the stream entering block i
     blocks.i.attn_out       what attention writes into the stream
-    blocks.i.resid_mid      the stream between attention and the MLP
+    blocks.i.resid_mid      the stream between attention and the MLP (not in a parallel block)
     blocks.i.mlp_hidden     the MLP's hidden units after the nonlinearity (the input of W2)
     blocks.i.mlp_out        what the MLP writes into the stream
     blocks.i.resid_post     the stream leaving block i
@@ -36,7 +36,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from ..block import PostLNBlock, TransformerBlock
+from ..block import ParallelBlock, PostLNBlock, TransformerBlock
 from ..errors import UserError
 from ..model import GPT, plain_attention
 
@@ -64,8 +64,9 @@ def unknown(name: str, valid: list[str], where: str = "") -> UnknownActivation:
 def activation_names(model: GPT) -> list[str]:
     """Every name the cache knows for this model, in the order the forward pass produces them."""
     names = ["embed"]
-    for i in range(len(model.blocks)):
-        names += [f"blocks.{i}.{kind}" for kind in PER_BLOCK]
+    for i, block in enumerate(model.blocks):
+        parallel = isinstance(block, ParallelBlock)
+        names += [f"blocks.{i}.{kind}" for kind in PER_BLOCK if not (parallel and kind == "resid_mid")]
     return names + ["final"]
 
 
@@ -96,9 +97,11 @@ def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
     if kind == "attn_heads":
         return block.attn.out, "pre"
     if kind == "mlp_hidden":
-        mlp = block.mlp
-        return (mlp.w_down if hasattr(mlp, "w_down") else mlp.proj), "pre"  # type: ignore[return-value]
-    # resid_mid: pre-LN reads it through ln2; post-LN's ln1 produces it
+        return block.mlp.down, "pre"
+    # resid_mid: pre-LN reads it through ln2; post-LN's ln1 produces it; a parallel block has none
+    if isinstance(block, ParallelBlock):
+        raise UserError(f"{name}: block {i} is a parallel block (attention and MLP read the same stream), "
+                        "so there is no stream between them; use resid_pre or resid_post")
     return (block.ln1, "out") if post_ln else (block.ln2, "pre_readonly")
 
 

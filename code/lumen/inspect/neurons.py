@@ -26,8 +26,7 @@ from .cache import capture, check_layer
 
 
 def _down(model: GPT, layer: int) -> torch.nn.Linear:
-    mlp = model.blocks[check_layer(model, layer)].mlp
-    return mlp.w_down if hasattr(mlp, "w_down") else mlp.proj  # type: ignore[return-value, attr-defined]
+    return model.blocks[check_layer(model, layer)].mlp.down
 
 
 def n_units(model: GPT, layer: int) -> int:
@@ -53,7 +52,7 @@ def value_logits(model: GPT, layer: int, units: int | torch.Tensor | None = None
         values = values[units]
     if isinstance(model.ln_f, LayerNorm):
         values = values - values.mean(-1, keepdim=True)
-    gain = getattr(model.ln_f, "g", None)
+    gain = getattr(model.ln_f, "gain", None)
     if gain is not None:
         values = values * gain
     out = model.lm_head(values)

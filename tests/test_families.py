@@ -1,0 +1,226 @@
+"""The families interpretability studies, against Hugging Face transformers on random weights: GPT-NeoX
+(Pythia), Qwen2, Gemma and Mistral, several shapes each (GQA where the family has it). The residual stream
+after every block and the logits agree to 1e-5, greedy decoding with the KV cache is token-identical to
+transformers' generate, and a lumen model written as a HF directory loads in transformers."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import (
+    GemmaConfig,
+    GemmaForCausalLM,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from lumen import GPT, ModelConfig
+from lumen.accounting import count, formula
+from lumen.block import ParallelBlock
+from lumen.errors import UserError
+from lumen.formats.hf import from_hf_model, load_hf_dir, save_hf_dir
+from lumen.inspect import (
+    LogitLens,
+    deletion_table,
+    evaluate_lens,
+    head_scores,
+    logit_lens,
+    run_with_cache,
+    top_activations,
+    train_tuned_lens,
+    value_logits,
+)
+
+V = 97
+SHAPES = {
+    "neox-parallel": lambda: GPTNeoXForCausalLM(GPTNeoXConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        max_position_embeddings=48, rotary_pct=0.25, hidden_act="gelu")),
+    "neox-sequential-half": lambda: GPTNeoXForCausalLM(GPTNeoXConfig(
+        vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=3,
+        max_position_embeddings=48, rotary_pct=0.5, rotary_emb_base=1000, use_parallel_residual=False,
+        hidden_act="gelu_new", tie_word_embeddings=True)),
+    "qwen2-gqa": lambda: Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=48, rope_theta=100000.0)),
+    "qwen2-tied-mha": lambda: Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=6, max_position_embeddings=48, tie_word_embeddings=True)),
+    "gemma-mqa-wide-heads": lambda: GemmaForCausalLM(GemmaConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, max_position_embeddings=48)),
+    "gemma-gqa-narrow-heads": lambda: GemmaForCausalLM(GemmaConfig(
+        vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=48, hidden_act="gelu")),
+    "mistral-window-5": lambda: MistralForCausalLM(MistralConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=48, sliding_window=5)),
+    "mistral-window-12-mqa": lambda: MistralForCausalLM(MistralConfig(
+        vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=48, sliding_window=12, tie_word_embeddings=True)),
+}
+HF_CLASSES = {"gpt_neox": GPTNeoXForCausalLM, "qwen2": Qwen2ForCausalLM, "gemma": GemmaForCausalLM,
+              "mistral": MistralForCausalLM}
+
+
+def _pair(name):
+    torch.manual_seed(0)
+    hf = SHAPES[name]().eval()
+    hf.config._attn_implementation = "eager"
+    with torch.no_grad():  # HF inits biases and norms to 0/1: randomise them so they are tested too
+        for p in hf.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return hf, from_hf_model(hf)
+
+
+def _streams(model: GPT, idx):
+    out = []
+    hooks = [b.register_forward_hook(lambda m, i, o: out.append(o)) for b in model.blocks]
+    logits, _ = model(idx)
+    for h in hooks:
+        h.remove()
+    return out, logits
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_logits_and_residual_stream_agree(name):
+    hf, ours = _pair(name)
+    idx = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(idx, output_hidden_states=True)
+        streams, logits = _streams(ours, idx)
+    torch.testing.assert_close(logits, ref.logits, atol=1e-5, rtol=0)
+    hidden = ref.hidden_states  # embeddings, after block 0, ..., after the last block *and* the final norm
+    torch.testing.assert_close(ours.embed(idx), hidden[0], atol=1e-5, rtol=0)
+    for i, s in enumerate(streams[:-1]):
+        torch.testing.assert_close(s, hidden[i + 1], atol=1e-5, rtol=0, msg=f"stream after block {i}")
+    torch.testing.assert_close(ours.ln_f(streams[-1]), hidden[-1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_greedy_decode_agrees_with_hf_generate(name):
+    hf, ours = _pair(name)
+    prompt = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(2))
+    ref = hf.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None,
+                      attention_mask=torch.ones_like(prompt))
+    cached = ours.generate(prompt, 12, temperature=0)
+    assert torch.equal(cached, ref)
+    assert torch.equal(ours.generate(prompt, 12, temperature=0, use_cache=False), cached)
+
+
+@pytest.mark.parametrize("name", ["neox-parallel", "neox-sequential-half", "qwen2-gqa", "gemma-mqa-wide-heads",
+                                  "mistral-window-5"])
+def test_hf_directory_round_trip(name, tmp_path):
+    hf, ours = _pair(name)
+    out = save_hf_dir(ours, tmp_path / "model")
+    model_type = json.loads((out / "config.json").read_text())["model_type"]
+    assert model_type == hf.config.model_type
+    reloaded_hf = HF_CLASSES[model_type].from_pretrained(out, attn_implementation="eager").eval()
+    back = load_hf_dir(out)
+    idx = torch.randint(0, V, (1, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded_hf(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
+        assert torch.equal(back(idx)[0], ours(idx)[0])
+
+
+# --- the chapter's accounting -------------------------------------------------------------------------
+
+PUBLISHED = {  # total parameters as the model cards / the Pythia paper give them
+    "pythia-70m": 70_426_624, "qwen2-0.5b": 494_032_768, "gemma-2b": 2_506_172_416, "mistral-7b": 7_241_732_096,
+}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_count_is_the_published_total_and_the_formula_counts_the_weight_matrices(name):
+    cfg = ModelConfig.from_name(name)
+    c = count(cfg)
+    assert c.total == PUBLISHED[name]
+    # the formula (weights only) is exactly the blocks' matrices: the matmul weights but the unembedding
+    assert formula(cfg).non_embedding == c.matmul - cfg.vocab_size * cfg.d_model
+
+
+# --- the looking-inside tools on each family ------------------------------------------------------------
+
+TINY = dict(vocab_size=V, context=64, d_model=32, n_layers=3, n_heads=4, d_ff=64)
+FAMILY_PRESETS = {"pythia-70m": {}, "qwen2-0.5b": {"n_kv_heads": 2}, "gemma-2b": {"n_kv_heads": 1, "d_head": 16},
+                  "mistral-7b": {"n_kv_heads": 2, "sliding_window": 6}}
+
+
+def _tiny(name):
+    torch.manual_seed(0)
+    model = GPT(ModelConfig.from_name(name).replace(**TINY, **FAMILY_PRESETS[name]))
+    with torch.no_grad():  # norms and biases away from their init, so that they matter
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+@torch.no_grad()
+def _manual_loss(model, x, skip=None):
+    """The next-token loss, with block `skip` left out, written out from the model's parts."""
+    h = model.embed(x[:, :-1])
+    for i, b in enumerate(model.blocks):
+        h = h if i == skip else b(h)
+    logits = model.lm_head(model.ln_f(h))
+    return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).item()
+
+
+@pytest.mark.parametrize("name", FAMILY_PRESETS)
+def test_inspection_tools_run_on_each_family(name):
+    model = _tiny(name)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, V, (2, 20), generator=g)
+    logits, cache = run_with_cache(model, x)
+    parallel = isinstance(model.blocks[0], ParallelBlock)
+    assert parallel == (name == "pythia-70m") and ("blocks.0.resid_mid" in cache) != parallel
+    if parallel:
+        with pytest.raises(UserError, match="parallel block"):
+            run_with_cache(model, x, ["blocks.0.resid_mid"])
+    # the MLP's hidden units: the input of its down-projection, recomputed from the weights
+    b = model.blocks[1]
+    h = b.ln2(cache["blocks.1.resid_pre" if parallel else "blocks.1.resid_mid"])
+    if name == "pythia-70m":
+        hidden = F.gelu(F.linear(h, b.mlp.fc.weight, b.mlp.fc.bias))
+    else:
+        act = (lambda t: F.gelu(t, approximate="tanh")) if name == "gemma-2b" else F.silu
+        hidden = act(F.linear(h, b.mlp.w_gate.weight)) * F.linear(h, b.mlp.w_up.weight)
+    torch.testing.assert_close(cache["blocks.1.mlp_hidden"], hidden, atol=1e-5, rtol=0)
+
+    # logit lens: its last layer is the model's own output
+    r = logit_lens(model, x[0], k=3)
+    assert r.kl[-1].abs().max() < 1e-5 and torch.equal(r.top_ids[-1], logits[0].topk(3).indices)
+    # tuned lens: trains, and at the last layer it is the logit lens
+    lens = train_tuned_lens(model, iter(torch.randint(0, V, (4, 4, 16), generator=g)), 4)
+    tuned, plain = evaluate_lens(model, lens, [x]), evaluate_lens(model, LogitLens(model), [x])
+    assert tuned["kl"][-1] == pytest.approx(plain["kl"][-1], abs=1e-6)
+    # deletion: each row is the loss with that block skipped
+    table = deletion_table(model, x)
+    assert table["baseline"] == pytest.approx(_manual_loss(model, x), abs=1e-5)
+    for row in table["rows"]:
+        assert row["loss"] == pytest.approx(_manual_loss(model, x, skip=row["layer"]), abs=1e-5)
+    # neurons: top activations are the brute-force top-k; a unit's value vector read out through the final
+    # norm (gain only: the norm's division scales all logits alike; LayerNorm also centres, its bias adds
+    # the same logits to every unit)
+    values, _ = top_activations(model, x, layer=1, k=4, batch=1)
+    torch.testing.assert_close(values, cache["blocks.1.mlp_hidden"].flatten(0, 1).topk(4, dim=0).values.T)
+    v = model.blocks[1].mlp.down.weight[:, 5]
+    with torch.no_grad():
+        normed = model.ln_f(v) - (model.ln_f.b if parallel else 0)
+        scale = torch.sqrt((v.var(unbiased=False) if parallel else v.pow(2).mean()) + model.ln_f.eps)
+        torch.testing.assert_close(value_logits(model, 1, 5), model.lm_head(normed) * scale, atol=1e-4, rtol=1e-4)
+    # head scores: previous-token attention as the cached pattern shows it
+    scores = head_scores(model, x, n_random=2, half=8, seed=5)
+    pattern = cache.stack("attn_pattern")  # (L, B, H, T, S)
+    prev = torch.stack([pattern[..., t, t - 1] for t in range(2, 20)], -1).mean((1, 3))
+    torch.testing.assert_close(scores["previous_token"], prev, atol=1e-6, rtol=0)
+    if model.cfg.sliding_window:  # nothing outside the window
+        T = x.size(1)
+        far = torch.ones(T, T, dtype=torch.bool).tril(-model.cfg.sliding_window)
+        assert torch.all(pattern[..., far] == 0)
