@@ -30,6 +30,7 @@ from ..errors import TrainingError, UserError
 from ..files import write_text
 from ..formats import checkpoint as ckpt
 from ..model import COMPILE_OPTIONS, GPT, plain_attention
+from ..threads import ThreadTuner
 from ..tokenizers import Tokenizer
 from . import distributed
 from .config import TrainConfig, to_toml
@@ -167,10 +168,13 @@ class Trainer:
         t_start = time.perf_counter()
         train_time, session_tokens, stopped = 0.0, 0, "done"
         window_t, window_tokens, last_loss, val = time.perf_counter(), 0, None, None
+        tuner = ThreadTuner() if not cfg.threads and self.device.type == "cpu" else None  # threads = 0: measured
         while self.step < cfg.steps:
             t0 = time.perf_counter()
             loss, lr, gnorm = self.train_step()
             dt = time.perf_counter() - t0
+            if tuner is not None:
+                tuner.record(dt)
             train_time += dt
             session_tokens += tokens_per_step
             window_tokens += tokens_per_step
