@@ -34,7 +34,7 @@ def thread_choices(most: int) -> list[int]:
 class ThreadTuner:
     """Keeps torch's thread count at whichever count ran the recent steps fastest.
 
-    It tries each count for a few steps (a count whose first step is already `slack` times slower than
+    It tries each count for a few steps (the count in use is measured by its recent steps) (a count whose first step is already `slack` times slower than
     the best so far is dropped at once, so a trial costs little when one count is far off), keeps the
     fastest, and tries again when the steps grow `slack` times slower or faster than when it chose (other
     work started or stopped), or after `every` steps. The steps tried are real steps:
@@ -77,8 +77,9 @@ class ThreadTuner:
             self._start_trial()
 
     def _start_trial(self) -> None:
-        self.times = {}
-        self.trying = list(self.choices)
+        # the recent steps already measured the count in use: try the others
+        self.times = {self.chosen: list(self.recent)} if self.recent else {}
+        self.trying = [n for n in self.choices if n not in self.times]
         torch.set_num_threads(self.trying[0])
 
     def _trial_step(self, seconds: float) -> None:
