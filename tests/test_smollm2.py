@@ -28,8 +28,8 @@ def use_fixture_model(monkeypatch, smollm2, smollm2_tokenizer):
     """Make `lumen ...` commands reuse the session's SmolLM2 instead of loading it again."""
     loaded = Loaded(smollm2, smollm2_tokenizer, "smollm2")
 
-    def fake_load(spec, device="cpu", dtype=torch.float32):
-        assert spec == "smollm2" and dtype == torch.float32
+    def fake_load(spec, device="cpu", dtype=torch.float32, weights="float"):
+        assert spec == "smollm2" and dtype == torch.float32 and weights == "float"
         return loaded
 
     monkeypatch.setattr("lumen.formats.load", fake_load)

@@ -34,11 +34,11 @@ def thread_choices(most: int) -> list[int]:
 class ThreadTuner:
     """Keeps torch's thread count at whichever count ran the recent steps fastest.
 
-    It tries each count for a few steps (the count in use is measured by its recent steps) (a count whose first step is already `slack` times slower than
-    the best so far is dropped at once, so a trial costs little when one count is far off), keeps the
-    fastest, and tries again when the steps grow `slack` times slower or faster than when it chose (other
-    work started or stopped), or after `every` steps. The steps tried are real steps:
-    only their speed differs."""
+    It tries each count for a few steps (the count in use is measured by its recent steps; a count whose
+    first step is already `slack` times slower than the best so far is dropped at once, so a trial costs
+    little when one count is far off), keeps the fastest, and tries again when the steps grow `slack` times
+    slower or faster than when it chose (other work started or stopped), or after `every` steps. The steps
+    tried are real steps: only their speed differs."""
 
     def __init__(self, most: int | None = None, every: int = 200, trial_steps: int = 3, slack: float = 1.5,
                  skip: int = 2):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import torch
 
+from ..packing import packed
 from . import UserError
 from .models import DTYPES, add_model_argument, load_model
 
@@ -22,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' precision (default float32)")
+    p.add_argument("--weights", choices=("float", "gguf"), default="float",
+                   help="gguf: decode from a GGUF's own Q4_1/Q8_0 blocks (less memory; fastest with --compile); "
+                        "float (default): the weights dequantized")
     p.add_argument("--compile", action="store_true",
                    help="compile the decoding step with torch.compile: ~3x faster per token on CPU (SmolLM2), "
                         "after ~1 minute of compiling the first time, ~10 s once cached (needs a C++ compiler)")
@@ -33,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.top_k is not None and args.top_k < 1:
         raise UserError(f"--top-k must be at least 1, got {args.top_k}")
-    loaded = load_model(args.model, args.dtype)
+    loaded = load_model(args.model, args.dtype, args.weights)
     tok = loaded.tokenizer
     if tok is None:
         raise UserError(f"{args.model} has no tokenizer to read a text prompt (save one with the model)")
@@ -52,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, generator=generator, compile=args.compile,
     )
-    stream_text(steps, tok, sys.stdout)
+    with contextlib.nullcontext() if args.compile else packed(loaded.model):  # eager: oneDNN's layout
+        stream_text(steps, tok, sys.stdout)
     return 0
 
 
