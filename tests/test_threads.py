@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lumen.threads import ThreadTuner, thread_choices
+from lumen.threads import ThreadTuner, thread_choices, tuned
 
 
 def test_thread_choices_halve_down_to_one():
@@ -46,5 +46,15 @@ def test_one_core_never_changes_threads():
         tuner = ThreadTuner(most=1)
         run(tuner, {3: 0.1}, 10)
         assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_tuned_steps_pass_through_and_restore_threads():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert list(tuned(iter(range(20)), ThreadTuner(most=2, skip=0))) == list(range(20))
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -19,8 +19,13 @@ threads), so a run that must repeat bit for bit pins its thread count instead.
 from __future__ import annotations
 
 import statistics
+import time
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def thread_choices(most: int) -> list[int]:
@@ -98,3 +103,18 @@ class ThreadTuner:
         self.reference = medians[self.chosen]
         self.recent, self.since = [], 0
         torch.set_num_threads(self.chosen)
+
+
+def tuned(steps: Iterable[T], tuner: ThreadTuner | None = None) -> Iterator[T]:
+    """Yield from steps (e.g. `model.stream(...)`, one token each), timing how long each took to make and
+    letting a ThreadTuner choose the thread count for the next; torch's count is restored at the end."""
+    tuner = tuner or ThreadTuner()
+    before = torch.get_num_threads()
+    try:
+        t0 = time.perf_counter()
+        for item in steps:
+            tuner.record(time.perf_counter() - t0)
+            yield item
+            t0 = time.perf_counter()  # the consumer's time between steps is not the step's
+    finally:
+        torch.set_num_threads(before)

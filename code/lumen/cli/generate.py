@@ -9,6 +9,7 @@ import sys
 import torch
 
 from ..packing import packed
+from ..threads import tuned
 from . import UserError
 from .models import DTYPES, add_model_argument, load_model
 
@@ -53,10 +54,10 @@ def run(args: argparse.Namespace) -> int:
     generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
     if args.compile:
         print("lumen generate: compiling the decoding step (about a minute on two cores)...", file=sys.stderr)
-    steps = loaded.model.stream(
+    steps = tuned(loaded.model.stream(  # threads measured as tokens come (lumen.threads: busy machines)
         torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, generator=generator, compile=args.compile,
-    )
+    ))
     with contextlib.nullcontext() if args.compile else packed(loaded.model):  # eager: oneDNN's layout
         stream_text(steps, tok, sys.stdout)
     return 0
