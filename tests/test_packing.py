@@ -1,4 +1,5 @@
-"""lumen.packing: bf16 linear weights packed for oneDNN give the same bits as plain F.linear."""
+"""lumen.packing: FastLinear layers and weights packed for oneDNN give the numbers of plain F.linear, with one
+copy of the weights: packed, the plain tensor is gone, and state_dict/export still see the plain weights."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lumen.model import GPT, plain_attention
-from lumen.packing import PackedLinear, can_pack, pack_linears, row_linear
+from lumen.packing import FastLinear, can_pack, fast_linears, packed, plain_linears, row_linear
 
 pytestmark = pytest.mark.skipif(
     not can_pack(torch.nn.Linear(2, 2).to(torch.bfloat16)), reason="this PyTorch has no oneDNN packed linear"
@@ -22,64 +23,71 @@ def bf16_model(seed: int = 0) -> GPT:
 
 
 def test_packed_logits_and_tokens_are_bit_identical():
-    plain, packed = bf16_model(), bf16_model()
-    assert pack_linears(packed) == 6 * 7 + 1  # seven linears per block and the unembedding
-    assert pack_linears(GPT.from_preset("baby-llama").to(torch.float64)) == 0  # no oneDNN kernel for float64
+    plain, fast = bf16_model(), bf16_model()
+    before = {k: v.clone() for k, v in fast.state_dict().items()}
+    assert fast_linears(fast) == 6 * 7 + 1  # seven linears per block and the unembedding
+    assert fast.lm_head.weight is fast.tok_emb.weight  # ties survive the replacement
     x = torch.randint(0, 65, (2, 40))
-    with torch.inference_mode():
-        assert torch.equal(plain(x)[0], packed(x)[0])
-        with plain_attention(plain), plain_attention(packed):
-            assert torch.equal(plain(x)[0], packed(x)[0])
-        assert torch.equal(plain.generate(x[:1, :5], 20, temperature=0), packed.generate(x[:1, :5], 20, temperature=0))
-    assert packed.state_dict().keys() == plain.state_dict().keys()
+    with torch.inference_mode(), packed(fast) as n:
+        assert n == 6 * 7  # the tied unembedding stays plain: the embedding reads it
+        assert all(m.weight.numel() == 0 for m in fast.modules() if isinstance(m, FastLinear) and m._packed is not None)
+        assert torch.equal(plain(x)[0], fast(x)[0])
+        with plain_attention(plain), plain_attention(fast):
+            assert torch.equal(plain(x)[0], fast(x)[0])
+        assert torch.equal(plain.generate(x[:1, :5], 20, temperature=0), fast.generate(x[:1, :5], 20, temperature=0))
+        inside = fast.state_dict()  # derived from the packed layout
+    assert inside.keys() == before.keys() and all(torch.equal(inside[k], before[k]) for k in before)
+    after = fast.state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in before)  # unpacked bit for bit
+    with packed(GPT.from_preset("baby-llama").to(torch.float64)) as n:
+        assert n == 0  # no oneDNN kernel for float64
 
 
 def test_packed_gpt2_with_biases():
     torch.manual_seed(1)
     plain = GPT.from_preset("baby-gpt", d_model=96, n_heads=6).to(torch.bfloat16).eval()
-    packed = copy.deepcopy(plain)
-    pack_linears(packed)
+    fast = copy.deepcopy(plain)
+    fast_linears(fast)
     x = torch.randint(0, 65, (2, 33))
-    with torch.inference_mode():
-        assert torch.equal(plain(x)[0], packed(x)[0])
-        assert torch.equal(plain.generate(x[:, :4], 12, temperature=0), packed.generate(x[:, :4], 12, temperature=0))
+    with torch.inference_mode(), packed(fast):
+        assert torch.equal(plain(x)[0], fast(x)[0])
+        assert torch.equal(plain.generate(x[:, :4], 12, temperature=0), fast.generate(x[:, :4], 12, temperature=0))
 
 
 def test_packed_linear_against_f_linear_on_odd_inputs():
+    torch.manual_seed(4)
     layer = torch.nn.Linear(48, 80).to(torch.bfloat16)
-    pack_linears(layer)
-    assert isinstance(layer, PackedLinear)
+    w, b = layer.weight.detach().clone(), layer.bias.detach().clone()
+    holder = torch.nn.Sequential(layer)
+    assert fast_linears(holder) == 1 and isinstance(holder[0], FastLinear)
     x = torch.randn(3, 7, 100, dtype=torch.bfloat16)[..., :48]  # not contiguous
-    with torch.inference_mode():
-        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
-        assert torch.equal(layer(x[0, 0]), F.linear(x[0, 0], layer.weight, layer.bias))
-        assert torch.equal(layer(x.contiguous()), F.linear(x.contiguous(), layer.weight, layer.bias))
-        made_here = torch.nn.Linear(48, 16, bias=False).to(torch.bfloat16)  # inference tensors: no version count
-        pack_linears(made_here)
-        assert torch.equal(made_here(x.contiguous()), F.linear(x.contiguous(), made_here.weight))
+    with torch.inference_mode(), packed(holder):
+        assert torch.equal(holder(x), F.linear(x, w, b))
+        assert torch.equal(holder(x[0, 0]), F.linear(x[0, 0], w, b))
+        assert torch.equal(holder(x.contiguous()), F.linear(x.contiguous(), w, b))
+    assert plain_linears(holder) == 1 and type(holder[0]) is torch.nn.Linear and torch.equal(holder[0].weight, w)
 
 
-def test_weights_changed_in_place_copies_and_training():
-    model = bf16_model()
-    pack_linears(model)
-    x = torch.randint(0, 65, (1, 12))
-    with torch.inference_mode():
-        before = model(x)[0]
-    twin = copy.deepcopy(model)  # the packed tensor has no storage: copies repack on first use
-    with torch.inference_mode():
-        assert torch.equal(twin(x)[0], before)
-    with torch.no_grad():
-        model.blocks[0].mlp.w_up.weight.mul_(1.5)
-    reference = bf16_model()
-    reference.load_state_dict(model.state_dict())
-    with torch.inference_mode():
-        assert torch.equal(model(x)[0], reference(x)[0])  # repacked after the in-place change
-        assert not torch.equal(model(x)[0], before)
-    model.blocks[1].attn.out.weight = torch.nn.Parameter(torch.zeros_like(model.blocks[1].attn.out.weight))
-    reference.blocks[1].attn.out.weight = torch.nn.Parameter(torch.zeros_like(reference.blocks[1].attn.out.weight))
-    with torch.inference_mode():
-        assert torch.equal(model(x)[0], reference(x)[0])  # repacked after the weight was replaced
+def test_export_inside_packed_gives_the_same_tensors(tmp_path):
+    """A Hugging Face directory written while the weights are packed holds the plain weights exactly."""
+    pytest.importorskip("safetensors")
+    from lumen.formats.hf import load_hf_dir, save_hf_dir
+
+    model = bf16_model(5).float()
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    fast_linears(model)
+    with packed(model):
+        save_hf_dir(model, tmp_path / "hf")
+    back = load_hf_dir(tmp_path / "hf")
+    got = back.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_training_after_fast_linears():
+    model = bf16_model().float()
+    fast_linears(model)
     model.train()
+    x = torch.randint(0, 65, (1, 12))
     _, loss = model(x, targets=x)
     loss.backward()  # with gradients the plain path runs
     assert model.blocks[0].attn.q.weight.grad is not None
@@ -88,18 +96,18 @@ def test_weights_changed_in_place_copies_and_training():
 def test_float32_packing_agrees_with_f_linear_to_rounding(cpp_compiler):
     torch.manual_seed(2)
     plain = GPT.from_preset("baby-llama", d_model=96, n_heads=6, n_kv_heads=2, d_ff=160).eval()
-    packed = copy.deepcopy(plain)
-    assert pack_linears(packed) == 6 * 7 + 1
+    fast = copy.deepcopy(plain)
+    assert fast_linears(fast) == 6 * 7 + 1
     x = torch.randint(0, 65, (2, 40))
     with torch.inference_mode():
-        # another summation order: equal to float32 rounding, not bit for bit
-        torch.testing.assert_close(packed(x)[0], plain(x)[0], rtol=1e-5, atol=1e-5)
         greedy = plain.generate(x[:1, :5], 20, temperature=0)
-        assert torch.equal(packed.generate(x[:1, :5], 20, temperature=0), greedy)
-        # compiled: a decoding step computes its one-row products as fused sums, a prefill calls the
-        # packed product as one custom operator
-        assert torch.equal(packed.generate(x[:1, :5], 20, temperature=0, compile=True), greedy)
-        torch.testing.assert_close(packed.compiled()(x)[0], plain(x)[0], rtol=1e-5, atol=1e-5)
+        with packed(fast):
+            # another summation order: equal to float32 rounding, not bit for bit
+            torch.testing.assert_close(fast(x)[0], plain(x)[0], rtol=1e-5, atol=1e-5)
+            assert torch.equal(fast.generate(x[:1, :5], 20, temperature=0), greedy)
+        # compiled: a decoding step computes its one-row products as fused sums
+        assert torch.equal(fast.generate(x[:1, :5], 20, temperature=0, compile=True), greedy)
+        torch.testing.assert_close(fast.compiled()(x)[0], plain(x)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

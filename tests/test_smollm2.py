@@ -28,8 +28,8 @@ def use_fixture_model(monkeypatch, smollm2, smollm2_tokenizer):
     """Make `lumen ...` commands reuse the session's SmolLM2 instead of loading it again."""
     loaded = Loaded(smollm2, smollm2_tokenizer, "smollm2")
 
-    def fake_load(spec, device="cpu", dtype=torch.float32):
-        assert spec == "smollm2" and dtype == torch.float32
+    def fake_load(spec, device="cpu", dtype=torch.float32, weights="float"):
+        assert spec == "smollm2" and dtype == torch.float32 and weights == "float"
         return loaded
 
     monkeypatch.setattr("lumen.formats.load", fake_load)
@@ -49,7 +49,7 @@ def test_logits_match_transformers(smollm2, smollm2_hf, smollm2_tokenizer):
     with torch.no_grad():
         ours, _ = smollm2(ids)
         theirs = smollm2_hf(ids).logits
-    assert (ours - theirs).abs().max().item() < 1e-3  # measured: ~8e-5 (packed float32 weights), 4e-5 plain
+    assert (ours - theirs).abs().max().item() < 1e-3  # measured: ~4e-5 (plain float32 weights; 8e-5 packed)
 
 
 def test_the_capital_of_france(smollm2, smollm2_tokenizer):
@@ -71,7 +71,7 @@ def test_greedy_continuations_match_transformers(smollm2, smollm2_hf, smollm2_to
 
 
 def test_compiled_decoding_matches_transformers(cpp_compiler, smollm2, smollm2_hf, smollm2_tokenizer):
-    """The fast path (`generate(..., compile=True)`: one-row products as fused sums over the packed
+    """The fast path (`generate(..., compile=True)`: one-row products as fused sums over the
     float32 weights) still decodes HF's tokens."""
     for prompt in PROMPTS[:2]:
         ids = torch.tensor([smollm2_tokenizer.encode(prompt)])
@@ -219,28 +219,30 @@ def test_convert_to_hf_loads_in_transformers_and_back(tmp_path, capsys, use_fixt
 
 
 def bfloat16_copy(model):
-    """A bf16 copy of the (float32, packed) fixture model with plain, unpacked linear layers."""
+    """A bf16 copy of the (float32) fixture model with plain nn.Linear layers."""
     import copy
 
-    from lumen.packing import unpack_linears
+    from lumen.packing import plain_linears
 
     plain = copy.deepcopy(model)
-    unpack_linears(plain)
+    plain_linears(plain)
     return plain.to(torch.bfloat16)
 
 
 def test_bfloat16_packed_model_still_knows_paris(smollm2, smollm2_tokenizer):
-    """load(..., dtype=bfloat16) packs the linears for oneDNN; the model still answers, and the packed
-    weights give the same tokens as plain bf16 F.linear."""
-    from lumen.packing import PackedLinear, can_pack, pack_linears
+    """A bf16 model still answers, and its weights packed for oneDNN give the same tokens as plain bf16
+    F.linear, with the unembedding (tied to the embedding) left plain."""
+    from lumen.packing import can_pack, fast_linears, packed
 
     plain = bfloat16_copy(smollm2)
     ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is")])
     expected = plain.generate(ids, 4, temperature=0)
     assert smollm2_tokenizer.decode(expected[0, ids.size(1):ids.size(1) + 1].tolist()) == " Paris"
     if can_pack(plain):
-        assert pack_linears(plain) == 30 * 7 + 1 and isinstance(plain.lm_head, PackedLinear)
-        assert torch.equal(plain.generate(ids, 4, temperature=0), expected)
+        assert fast_linears(plain) == 30 * 7 + 1
+        with packed(plain) as n:
+            assert n == 30 * 7
+            assert torch.equal(plain.generate(ids, 4, temperature=0), expected)
 
 
 def test_compiled_bfloat16_decoding_is_no_less_accurate(cpp_compiler, smollm2, smollm2_tokenizer):
@@ -248,10 +250,10 @@ def test_compiled_bfloat16_decoding_is_no_less_accurate(cpp_compiler, smollm2, s
     float32 by the compiler) is at least as close to the float32 model's logits as the eager step.
     Measured: max error 0.33 compiled vs 0.57 eager, mean 0.062 vs 0.094."""
     from lumen.attention import KVCache
-    from lumen.packing import pack_linears
+    from lumen.packing import fast_linears
 
     model = bfloat16_copy(smollm2)
-    pack_linears(model)
+    fast_linears(model)
     ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is Paris, and the capital of Japan is")])
     with torch.inference_mode():
         seq = smollm2.generate(ids, 12, temperature=0)

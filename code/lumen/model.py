@@ -214,7 +214,7 @@ class GPT(nn.Module):
         if use_cache:
             # slots rounded up, so that decoding runs of different lengths share one compiled step
             slots = min(context, -(-(idx.size(1) + max_new_tokens) // 256) * 256)
-            cache = KVCache(self.cfg, idx.size(0), slots, idx.device, self.lm_head.weight.dtype)
+            cache = KVCache(self.cfg, idx.size(0), slots, idx.device, next(self.parameters()).dtype)
         logits, _ = self(idx, cache=cache)
         step_fn = self.compiled() if compile else self
         seq = idx

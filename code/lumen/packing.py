@@ -1,26 +1,27 @@
-"""Faster inference on CPUs: every linear layer's weight reordered once into oneDNN's blocked
-layout, instead of on every call.
+"""Faster inference on CPUs, with one copy of the weights: linear layers whose one-row products compile
+into fused loops, and whose weights can move into oneDNN's blocked layout for eager decoding.
 
-A plain `F.linear` on a CPU either reorders the whole weight matrix into that layout each time it
-runs (bfloat16: for one decoded token that reorder costs several times the product itself) or uses
-a kernel that streams an (out, in) matrix at about half the memory bandwidth (float32). The packed
-product gives the same bits in bfloat16 and the same numbers to float32 rounding (~1e-6 relative:
-another summation order); the tests compare both against F.linear.
+Two fast paths want two layouts. Compiled, a product of one row (a decoded token) is written as plain
+multiply-and-sum (`row_linear`), which the compiler fuses into loops that stream the usual (out, in)
+weights faster than any library kernel. Eager, `F.linear` on one row either reorders the whole matrix
+into oneDNN's layout on every call (bfloat16) or streams it slowly (float32); a weight reordered once
+(`packed`) avoids both. So the steps are explicit, and neither keeps a second copy:
 
-    >>> model = load("smollm2").model   # doctest: +SKIP  (load packs by itself)
-    >>> pack_linears(model)             # doctest: +SKIP
+    >>> fast_linears(model)          # nn.Linear -> FastLinear: the same parameters, no memory  # doctest: +SKIP
+    >>> with packed(model):          # eager decoding: weights in oneDNN's layout only           # doctest: +SKIP
+    ...     tokens = model.generate(ids, 64, temperature=0)
 
-Packing keeps `weight` (state dicts, tied weights and inspection see the usual tensors) and adds the
-packed copy beside it (twice the weights' memory); a weight changed in place or replaced afterwards
-is noticed and packed again. Inside a torch.compile'd graph a product of many rows (a prefill) is one
-custom operator, `lumen::packed_linear`, that runs the packed product; a product of one row (a decoded
-token) is written as plain multiply-and-sum (`row_linear`), which the compiler fuses into loops that
-read the weights faster than either kernel does.
+Inside `packed`, each linear weight (except ones shared with another layer, like a tied unembedding,
+which the embedding needs plain) lives only in the packed layout; `state_dict()` derives the plain
+tensor from it, and on leaving the plain weights come back bit for bit. The packed product gives the
+same bits as `F.linear` in bfloat16 and the same numbers to float32 rounding (another summation order).
 """
 
 from __future__ import annotations
 
-import weakref
+import collections
+import contextlib
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
@@ -36,102 +37,105 @@ def can_pack(model: nn.Module) -> bool:
     )
 
 
-class PackedLinear(nn.Linear):
-    """nn.Linear whose weight also lives in oneDNN's layout; same parameters, same results."""
+class FastLinear(nn.Linear):
+    """nn.Linear for inference: one-row products fused when compiled; the weight packed while in `packed`."""
 
-    def pack(self) -> None:
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
-        self._packed_from = _identity(self.weight)
-        _OWNERS[self.weight.data_ptr()] = weakref.ref(self)
+    _packed: torch.Tensor | None = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> FastLinear:
+        """A FastLinear holding the same Parameter objects (ties to other layers stay ties)."""
+        return _same_parameters(cls, linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        plain = (
-            x.dtype != self.weight.dtype or x.device.type != "cpu"
-            or not x.is_contiguous()  # F.linear rounds a strided input's bias add differently
-            or (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))
-        )
-        if plain:
-            return F.linear(x, self.weight, self.bias)
-        if torch.compiler.is_compiling():
-            if x.shape[:-1].numel() == 1:  # one row (a decoded token): a reduction the compiler fuses
-                return row_linear(x, self.weight, self.bias)
-            return packed_linear(x, self.weight, self.bias)  # one opaque operator, the packed product at run time
-        return self.packed_forward(x)
+        if self._packed is not None:
+            if x.dtype == self._packed.dtype and x.is_contiguous() and not torch.compiler.is_compiling():
+                return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+            return F.linear(x, self._packed.to_dense(), self.bias)  # F.linear rounds a strided input differently
+        one_row = torch.compiler.is_compiling() and x.shape[:-1].numel() == 1
+        if one_row and not (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad)):
+            return row_linear(x, self.weight, self.bias)  # a reduction the compiler fuses
+        return F.linear(x, self.weight, self.bias)
 
-    def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is None or _identity(self.weight) != self._packed_from:  # new, replaced or changed
-            self.pack()
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+    def pack(self) -> None:
+        """Move the weight into oneDNN's layout (the plain tensor becomes an empty placeholder)."""
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        self.weight.data = self.weight.data.new_empty(0)
 
-    def __getstate__(self) -> dict:
-        """Copies and pickles leave the packed tensor out (it has no storage to copy) and repack on use."""
-        state = dict(self.__dict__)
-        state["_packed"] = None
-        return state
+    def unpack(self) -> None:
+        """Back to the plain (out, in) weight, the same bits as before `pack`."""
+        self.weight.data = self._packed.to_dense()
+        self._packed = None
 
-
-# which layer holds the packed copy of the weight at each address (a compiled graph passes tensors only)
-_OWNERS: dict[int, weakref.ref[PackedLinear]] = {}
-
-
-@torch.library.custom_op("lumen::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias through the packed copy of weight."""
-    owner = _OWNERS.get(weight.data_ptr())
-    layer = owner() if owner is not None else None
-    if layer is None or layer.weight.data_ptr() != weight.data_ptr():
-        return F.linear(x, weight, bias)
-    return layer.packed_forward(x)
-
-
-@packed_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.size(0))
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._packed is not None:
+            destination[prefix + "weight"] = self._packed.to_dense()
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.T + bias for a single row, written as products summed along each weight row.
 
-    Each output is one dot product; inductor compiles all of a decoding step's dot products into
-    loops that stream the weights at close to the memory's speed, faster than the packed product or
-    F.linear do (the README's Speed section has the measured rates). Products and sums
-    are float32 whatever the weights' dtype (a bf16 x bf16 product is exact in float32), as in the
-    packed product; the order of the sum differs, so results agree to float32 rounding."""
+    Each output is one dot product; inductor compiles all of a decoding step's dot products into loops
+    that stream the weights at close to the memory's speed (README: Speed). Products and sums are float32
+    whatever the weights' dtype (a bf16 x bf16 product is exact in float32), as in the packed product;
+    the order of the sum differs, so results agree to float32 rounding."""
     y = (x.float().unsqueeze(-2) * weight.float()).sum(-1)
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
 
 
-def _identity(t: torch.Tensor) -> tuple[int, int, int]:
-    """Which tensor, which memory, and how often it was changed in place (inference-mode tensors keep
-    no count: -1). When any of these moves, the packed copy is stale."""
-    try:
-        version = t._version
-    except RuntimeError:
-        version = -1
-    return id(t), t.data_ptr(), version
+def _same_parameters(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
+    """A `cls` layer holding linear's Parameter objects themselves (no copy, no initialisation)."""
+    layer = cls.__new__(cls)
+    nn.Module.__init__(layer)
+    layer.in_features, layer.out_features = linear.in_features, linear.out_features
+    layer.weight, layer.bias = linear.weight, linear.bias
+    return layer.train(linear.training)
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Turn every nn.Linear of an (inference, CPU) model into a PackedLinear; returns how many."""
+def fast_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear inside model by a FastLinear with the same parameters; returns how many."""
+    n = 0
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear:
+                setattr(parent, name, FastLinear.from_linear(child))
+                n += 1
+    return n
+
+
+def plain_linears(model: nn.Module) -> int:
+    """Undo fast_linears: plain nn.Linear layers with the same parameters again; returns how many."""
+    n = 0
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if type(child) is FastLinear:
+                if child._packed is not None:
+                    child.unpack()
+                setattr(parent, name, _same_parameters(nn.Linear, child))
+                n += 1
+    return n
+
+
+@contextlib.contextmanager
+def packed(model: nn.Module) -> Iterator[int]:
+    """While inside, the FastLinear weights of a (CPU, inference) model live only in oneDNN's layout: eager
+    one-row products 1.3x (float32) to several times (bfloat16) faster. Yields how many were packed; a
+    model that cannot pack (other device or dtype) runs as it is. Weights shared with another layer stay
+    plain. Not for training or compiling inside."""
     if not can_pack(model):
-        return 0
-    n = 0
-    for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = PackedLinear
-            module.pack()
-            n += 1
-    return n
-
-
-def unpack_linears(model: nn.Module) -> int:
-    """Undo pack_linears: plain nn.Linear layers again, the packed copies freed; returns how many."""
-    n = 0
-    for module in model.modules():
-        if type(module) is PackedLinear:
-            module.__class__ = nn.Linear
-            del module._packed, module._packed_from
-            n += 1
-    return n
+        yield 0
+        return
+    owners = collections.Counter(id(p) for m in model.modules() for p in m._parameters.values() if p is not None)
+    layers = [m for m in model.modules()
+              if isinstance(m, FastLinear) and m._packed is None and owners[id(m.weight)] == 1]
+    try:
+        for layer in layers:
+            layer.pack()
+        yield len(layers)
+    finally:
+        for layer in layers:
+            if layer._packed is not None:
+                layer.unpack()

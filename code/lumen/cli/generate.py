@@ -8,6 +8,7 @@ most likely token every time. Past the model's context the window slides (`GPT.s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import secrets
 import sys
@@ -17,6 +18,8 @@ from typing import Any
 import torch
 
 from ..model import check_sampling, check_tokens
+from ..packing import packed
+from ..threads import tuned
 from . import UserError
 from .models import DTYPES, add_model_argument, checkpoint_note, load_model
 
@@ -43,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                    help="random seed for sampling (default: a fresh one, printed on stderr to repeat the run)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' precision (default float32)")
+    p.add_argument("--weights", choices=("float", "gguf"), default="float",
+                   help="gguf: decode from a GGUF's own Q4_1/Q8_0 blocks (less memory; fastest with --compile); "
+                        "float (default): the weights dequantized")
     p.add_argument("--compile", action="store_true",
                    help="compile the decoding step with torch.compile: several times faster per token on CPU, "
                         "after a one-time compile (about a minute; cached after) (needs a C++ compiler)")
@@ -54,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     settings, source = sampling_settings(args)
     seed = parse_seed(args.seed) if args.seed is not None else secrets.randbelow(10**6)
-    loaded = load_model(args.model, args.dtype)
+    loaded = load_model(args.model, args.dtype, args.weights)
     tok = loaded.tokenizer
     if tok is None:
         raise UserError(f"{args.model} has no tokenizer to read a text prompt (save one with the model)")
@@ -74,9 +80,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"lumen generate: {describe(settings, source, seed)}", file=sys.stderr)
     if args.compile:
         print("lumen generate: compiling the decoding step (about a minute on two cores)...", file=sys.stderr)
-    steps = loaded.model.stream(idx, args.max_new_tokens, **settings,
-                                generator=torch.Generator().manual_seed(seed), compile=args.compile)
-    stream_text(steps, tok, sys.stdout)
+    steps = tuned(loaded.model.stream(  # threads measured as tokens come (lumen.threads: busy machines)
+        idx, args.max_new_tokens, **settings, generator=torch.Generator().manual_seed(seed), compile=args.compile,
+    ))
+    with contextlib.nullcontext() if args.compile else packed(loaded.model):  # eager: oneDNN's layout
+        stream_text(steps, tok, sys.stdout)
     return 0
 
 

@@ -65,13 +65,13 @@ def read_windows(model, tok, args: argparse.Namespace, split: str, count: int, s
     return token_windows(tok, args.corpus, split, count, args.seq_len, seed)
 
 
-def load_model(spec: str, dtype: str = "float32"):
+def load_model(spec: str, dtype: str = "float32", weights: str = "float"):
     """lumen.formats.load(spec), turning a failed download into a UserError."""
     from ..fetch import FetchError
     from ..formats import load
 
     try:
-        return load(spec, dtype=DTYPES[dtype])
+        return load(spec, dtype=DTYPES[dtype], weights=weights)
     except FetchError as e:
         raise UserError(str(e)) from None
 

@@ -25,6 +25,8 @@ from ..tokenizers import Tokenizer, read_json
 # named models -> the lumen.fetch artifact holding their GGUF file
 MODELS = {"smollm2": "smollm2"}
 
+WEIGHTS = ("float", "gguf")  # how a GGUF's quantized matrices are held: dequantized, or as the file's blocks
+
 SPEC_FORMS = (
     f"a model name ({', '.join(MODELS)}), a .gguf file, a Hugging Face directory "
     "(config.json + model.safetensors), hf:ORG/NAME (the Hugging Face hub), or a lumen run/checkpoint directory"
@@ -40,18 +42,45 @@ class Loaded:
     spec: str
 
 
-def load(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Loaded:
+def load(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+         weights: str = "float") -> Loaded:
     """The model and tokenizer a spec names; see the module docstring for the accepted forms.
 
-    Models on a CPU get their linear weights packed for oneDNN (lumen.packing): the same numbers
-    (bf16: the same bits), faster per decoded token (README, Speed), for a second copy of the
-    weights in memory."""
-    from ..packing import pack_linears
+    weights="gguf" keeps a GGUF file's Q8_0/Q4_1 matrices as the file's blocks (lumen.quant: float32
+    activations, a quarter of float32's memory, for decoding); "float" (the default) dequantizes them.
 
+    One explicit step after reading: `packing.fast_linears` turns the linear layers into FastLinear ones
+    (the same parameters, no extra memory), whose one-row products compile into fused loops and whose
+    weights `packing.packed(model)` can move into oneDNN's layout for eager decoding."""
+    from ..packing import fast_linears
+
+    if weights not in WEIGHTS:
+        raise UserError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    if weights == "gguf":
+        if dtype != torch.float32:
+            raise UserError("--weights gguf computes in float32 from the file's blocks (drop --dtype)")
+        from ..quant import load_gguf_quantized
+
+        model, tok = load_gguf_quantized(_gguf_path(spec))
+        return Loaded(model.to(device), tok, spec)
     model, tok = _load(spec, device, dtype)
     model = model.to(device=device, dtype=dtype).eval()
-    pack_linears(model)
+    fast_linears(model)
     return Loaded(model, tok, spec)
+
+
+def _gguf_path(spec: str) -> Path:
+    """The GGUF file a spec names: a named model's cached file or a .gguf path."""
+    path = Path(spec)
+    if spec in MODELS and not path.exists():
+        from ..fetch import fetch
+
+        return fetch(MODELS[spec])
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise MissingFileError(f"no GGUF file at {path}")
+        return path
+    raise UserError(f"--weights gguf needs a GGUF model ({', '.join(MODELS)} or a .gguf file), not {spec!r}")
 
 
 def _load(spec: str, device: str | torch.device, dtype: torch.dtype) -> tuple[GPT, Tokenizer | None]:

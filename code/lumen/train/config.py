@@ -61,7 +61,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 where supported) | float32 | bfloat16
     compile: bool = False  # torch.compile the model
-    threads: int = 0  # torch CPU threads; 0 = torch's default
+    threads: int = 0  # torch CPU threads; 0 = chosen as the run goes (lumen.threads), N pins N
     seed: int = 1337
     # watching and keeping
     out_dir: str = "runs/run"

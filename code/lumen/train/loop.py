@@ -27,6 +27,7 @@ from ..config import ModelConfig
 from ..data import TokenData
 from ..errors import ConfigError, TrainingError, UserError
 from ..model import COMPILE_OPTIONS, GPT
+from ..threads import ThreadTuner
 from . import distributed
 from .config import TrainConfig
 from .machine import TrainingInterrupted, ctrl_c, resolve_device, run_settings, training_attention, use_bf16
@@ -126,11 +127,15 @@ class Trainer:
         if self.talks:
             bar.write(self.banner(speed.tokens_per_step), file=sys.stderr)
         t_start, loss, val, stopped = time.perf_counter(), None, None, "done"
+        tuner = ThreadTuner() if not cfg.threads and self.device.type == "cpu" else None  # threads = 0: measured
         with ctrl_c() as interrupted:
             while self.step < cfg.steps:
                 t0 = time.perf_counter()
                 loss, lr, gnorm = self.train_step()
-                speed.add(time.perf_counter() - t0)
+                dt = time.perf_counter() - t0
+                speed.add(dt)
+                if tuner is not None:
+                    tuner.record(dt)
                 if self.step % cfg.log_interval == 0 or self.step == cfg.steps:
                     rec = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": gnorm, "tokens": self.tokens,
                            **speed.window()}

@@ -1,0 +1,143 @@
+"""Speed on a busy machine: the default training step and a compiled decoding loop, alone and beside N busy
+processes that this bench starts itself (N = 1, 2, number of cores), each with all cores' threads fixed (torch's
+default) and with lumen's measured thread count (lumen.threads.ThreadTuner, what `lumen train` does when
+threads = 0).
+
+    .venv/bin/python bench/bench_contention.py [--seconds 4] [--rounds 2] [--only train|decode]
+
+A busy process is one Python interpreter spinning (`while True: pass`). Rounds visit the settings in turn
+(quiet, N=1, N=2, ...; fixed and tuned one after the other in each), so drift in the machine's own load
+reaches all alike; each setting reports the median of its rounds, as a fraction of the fixed policy's quiet
+speed (the speed before lumen measured its threads) and of the fair share: quiet x (cores we could get) /
+cores, where the cores we could get are the larger of the cores left idle (cores - N) and an equal share
+(cores / (N + 1)). Goals: >= 0.8x the fair share at every N;
+>= 0.4x quiet with two busy processes on two cores. The machine's load average is printed with each round:
+on a shared machine "quiet" is only as quiet as the others let it be. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def busy(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
+def training_step():
+    """(a function that takes one step of the default preset's training, tokens per step)."""
+    from lumen.train import load_config
+    from lumen.train.loop import Trainer
+
+    cfg, model_cfg = load_config(preset="shakespeare", sets=["save=false", "progress=false"])
+    trainer = Trainer(cfg, model_cfg, None)
+    return trainer.train_step, cfg.windows_per_step * trainer.T
+
+
+def decoding_step():
+    """(a function that decodes one token with a compiled step, 1): a random baby-llama, packed, greedy."""
+    import torch
+
+    from lumen import GPT, ModelConfig
+    from lumen.packing import fast_linears
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig.from_name("baby-llama")).eval()
+    fast_linears(model)
+    state = {"steps": iter(())}
+
+    def step() -> None:
+        try:
+            next(state["steps"])
+        except StopIteration:  # a new prompt when the context is full
+            state["steps"] = model.stream(torch.zeros(1, 8, dtype=torch.long), 240, temperature=0, compile=True)
+            next(state["steps"])
+
+    return step, 1
+
+
+def rate(step, per_step: int, seconds: float, tuner) -> float:
+    n, t_start = 0, time.perf_counter()
+    while time.perf_counter() - t_start < seconds or n < 3:
+        t0 = time.perf_counter()
+        step()
+        if tuner is not None:
+            tuner.record(time.perf_counter() - t0)
+        n += 1
+    return n * per_step / (time.perf_counter() - t_start)
+
+
+def measure(name: str, step, per_step: int, args: argparse.Namespace) -> None:
+    import torch
+
+    from lumen.threads import ThreadTuner
+
+    cores = os.cpu_count() or 1
+    all_threads = torch.get_num_threads()
+    for _ in range(3):  # compile, warm caches
+        step()
+    settings = sorted({0, 1, 2, cores})
+    tuner = ThreadTuner(most=all_threads, skip=0)  # one tuner for the whole run, as in a long run
+    speeds: dict[tuple[int, str], list[float]] = {}
+    for r in range(args.rounds):
+        loads = []
+        for n in settings:
+            procs = busy(n)
+            time.sleep(0.3)
+            try:
+                torch.set_num_threads(all_threads)
+                speeds.setdefault((n, "fixed"), []).append(rate(step, per_step, args.seconds, None))
+                torch.set_num_threads(tuner.chosen)
+                speeds.setdefault((n, "tuned"), []).append(rate(step, per_step, args.seconds, tuner))
+            finally:
+                stop(procs)
+            loads.append(f"N={n}: {os.getloadavg()[0]:.1f}")
+        print(f"{name} round {r + 1}: load average {', '.join(loads)}", file=sys.stderr, flush=True)
+    torch.set_num_threads(all_threads)
+    quiet = statistics.median(speeds[(0, "fixed")])
+    unit = "tok/s"
+    print(f"\n{name} ({cores} cores, {all_threads} threads fixed; medians of {args.rounds} rounds of "
+          f"{args.seconds:g} s)")
+    print(f"| busy processes | policy | {unit} | x quiet (fixed) | x fair share |")
+    print("|---|---|---|---|---|")
+    for n in settings:
+        fair = quiet * max(cores - n, cores / (n + 1)) / cores
+        for policy in ("fixed", "tuned"):
+            s = statistics.median(speeds[(n, policy)])
+            print(f"| {n} | {policy} | {s:,.0f} | {s / quiet:.2f} | {s / fair:.2f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=4.0, help="length of each measurement")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", choices=("train", "decode"), default=None)
+    args = ap.parse_args()
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from lumen.train import load_config
+    from lumen.train.loop import run_settings
+
+    if args.only in (None, "train"):
+        cfg, _ = load_config(preset="shakespeare", sets=["save=false", "progress=false"])
+        with run_settings(cfg):  # what `lumen train` runs under (deterministic mode when compiled)
+            measure("training step (preset shakespeare, compiled)", *training_step(), args)
+    if args.only in (None, "decode"):
+        measure("compiled decoding (baby-llama, one token per step)", *decoding_step(), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""How many CPU threads a loop of equal steps should use, chosen from the steps' own times.
+
+On a CPU, torch runs each operation (and each kernel that torch.compile writes) as an OpenMP parallel
+region: the work is split between the threads, and the region ends when the last thread is done. When
+other programs take a core, one of our threads waits in the scheduler's queue while the others wait for
+it at the region's barrier, spinning first. A compiled training step is a few hundred such regions, so
+a step that takes milliseconds on an idle machine can take seconds on a busy one. One thread has no
+barrier to wait at. No fixed count is right everywhere: all cores win on an idle machine, fewer on a
+busy one, and the load changes during a run; so the tuner below measures.
+
+    >>> tuner = ThreadTuner()            # doctest: +SKIP
+    >>> for step in range(steps):        # doctest: +SKIP
+    ...     t0 = time.perf_counter(); train_step(); tuner.record(time.perf_counter() - t0)
+
+Numbers may change in the last bit when the thread count does (sums split differently between
+threads), so a run that must repeat bit for bit pins its thread count instead.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def thread_choices(most: int) -> list[int]:
+    """The counts worth trying: all threads, then halvings down to one (8 -> [8, 4, 2, 1])."""
+    choices = [max(most, 1)]
+    while choices[-1] > 1:
+        choices.append(choices[-1] // 2)
+    return choices
+
+
+class ThreadTuner:
+    """Keeps torch's thread count at whichever count ran the recent steps fastest.
+
+    It tries each count for a few steps (the count in use is measured by its recent steps; a count whose
+    first step is already `slack` times slower than the best so far is dropped at once, so a trial costs
+    little when one count is far off), keeps the fastest, and tries again when the steps grow `slack` times
+    slower or faster than when it chose (other work started or stopped), or after `every` steps. The steps
+    tried are real steps: only their speed differs."""
+
+    def __init__(self, most: int | None = None, every: int = 200, trial_steps: int = 3, slack: float = 1.5,
+                 skip: int = 2):
+        self.choices = thread_choices(most or torch.get_num_threads())
+        self.every, self.trial_steps, self.slack = every, trial_steps, slack
+        self.skip = skip  # the first steps compile or warm caches: not counted
+        self.times: dict[int, list[float]] = {}
+        self.chosen: int = self.choices[0]
+        self.reference = float("inf")  # the chosen count's step time when chosen
+        self.recent: list[float] = []
+        self.since = 0
+        self.trying: list[int] = []
+        if len(self.choices) > 1:
+            self._start_trial()
+
+    @property
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+    def record(self, seconds: float) -> None:
+        """One step took `seconds`; may set torch's thread count for the next steps."""
+        if self.skip > 0:
+            self.skip -= 1
+            return
+        if len(self.choices) == 1:
+            return
+        if self.trying:
+            self._trial_step(seconds)
+            return
+        self.since += 1
+        self.recent = (self.recent + [seconds])[-self.trial_steps:]
+        now = statistics.median(self.recent)
+        moved = len(self.recent) == self.trial_steps and not (
+            self.reference / self.slack <= now <= self.slack * self.reference)
+        if moved or self.since >= self.every:
+            self._start_trial()
+
+    def _start_trial(self) -> None:
+        # the recent steps already measured the count in use: try the others
+        self.times = {self.chosen: list(self.recent)} if self.recent else {}
+        self.trying = [n for n in self.choices if n not in self.times]
+        torch.set_num_threads(self.trying[0])
+
+    def _trial_step(self, seconds: float) -> None:
+        n = self.trying[0]
+        self.times.setdefault(n, []).append(seconds)
+        best = min((statistics.median(t) for k, t in self.times.items() if k != n), default=float("inf"))
+        done = len(self.times[n]) >= self.trial_steps or seconds > self.slack * best
+        if not done:
+            return
+        self.trying.pop(0)
+        if self.trying:
+            torch.set_num_threads(self.trying[0])
+            return
+        medians = {k: statistics.median(t) for k, t in self.times.items()}
+        self.chosen = min(medians, key=medians.__getitem__)
+        self.reference = medians[self.chosen]
+        self.recent, self.since = [], 0
+        torch.set_num_threads(self.chosen)
+
+
+def tuned(steps: Iterable[T], tuner: ThreadTuner | None = None) -> Iterator[T]:
+    """Yield from steps (e.g. `model.stream(...)`, one token each), timing how long each took to make and
+    letting a ThreadTuner choose the thread count for the next; torch's count is restored at the end."""
+    tuner = tuner or ThreadTuner()
+    before = torch.get_num_threads()
+    try:
+        t0 = time.perf_counter()
+        for item in steps:
+            tuner.record(time.perf_counter() - t0)
+            yield item
+            t0 = time.perf_counter()  # the consumer's time between steps is not the step's
+    finally:
+        torch.set_num_threads(before)

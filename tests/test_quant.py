@@ -1,0 +1,87 @@
+"""lumen.quant: products computed from a GGUF's Q4_1/Q8_0 blocks against the gguf package's own dequantized
+matrices, and the real SmolLM2 decoded from its blocks against the dequantized float32 model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf import quants  # noqa: E402
+
+from lumen.quant import QuantEmbedding, QuantLinear, blocks_from_gguf  # noqa: E402
+
+TYPES = [Q.Q4_1, Q.Q8_0]
+
+
+def quantized_tensor(qtype, out: int = 96, n: int = 160, seed: int = 0):
+    """(a GGUF-like tensor of random weights in qtype, the gguf package's float32 dequantization of it)."""
+    w = np.random.default_rng(seed).standard_normal((out, n)).astype(np.float32)
+    raw = quants.quantize(w, qtype)
+    reference = quants.dequantize(raw, qtype).astype(np.float32).reshape(out, n)
+    return SimpleNamespace(data=raw, tensor_type=qtype), torch.from_numpy(reference)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_blocks_dequantize_as_the_gguf_package_does(qtype):
+    tensor, reference = quantized_tensor(qtype)
+    blocks = blocks_from_gguf(tensor)
+    assert torch.equal(blocks.dequantized(), reference)  # w = d q (+ m), the same float32 operations
+    assert blocks.codes.dtype == (torch.uint8 if qtype == Q.Q4_1 else torch.int8)
+    if qtype == Q.Q4_1:
+        assert int(blocks.codes.max()) <= 15  # 4-bit codes, one to a byte
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_quantized_products_equal_the_dequantized_reference(qtype, cpp_compiler):
+    """One row (from the blocks, eager and compiled) and many rows, against F.linear in float64 on the
+    gguf package's dequantized weight: float32 rounding only."""
+    tensor, reference = quantized_tensor(qtype, seed=1)
+    layer = QuantLinear(blocks_from_gguf(tensor))
+    torch.manual_seed(1)
+    x = torch.randn(3, 5, 160)
+    want = F.linear(x.double(), reference.double())
+    compiled = torch.compile(layer, dynamic=False)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-4)
+        for fn in (layer, compiled):
+            y = fn(x[:1, :1])
+            assert y.shape == (1, 1, 96) and y.dtype == torch.float32
+            torch.testing.assert_close(y.double(), want[:1, :1], rtol=1e-5, atol=1e-4)
+
+
+def test_quantized_embedding_rows():
+    tensor, reference = quantized_tensor(Q.Q8_0, out=50, n=64, seed=2)
+    emb = QuantEmbedding(blocks_from_gguf(tensor))
+    idx = torch.tensor([[3, 0, 49], [7, 7, 1]])
+    assert torch.equal(emb(idx), F.embedding(idx, reference))
+
+
+def test_other_types_are_left_to_the_dequantizer():
+    w = np.zeros((4, 32), dtype=np.float32)
+    assert blocks_from_gguf(SimpleNamespace(data=w, tensor_type=Q.F32)) is None
+
+
+@pytest.mark.slow
+def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smollm2_gguf, smollm2_tokenizer,
+                                                                  cpp_compiler):
+    """The real Q4_1 file (Q8_0 embedding, tied unembedding): logits within float32 rounding of the float32
+    model dequantized by formats.gguf, and the same greedy tokens, eager and compiled, on three prompts."""
+    from lumen.quant import load_gguf_quantized
+
+    model, tok = load_gguf_quantized(smollm2_gguf)
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.blocks is model.tok_emb.blocks
+    prompts = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, a little fox"]
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([tok.encode(prompt)])
+            assert tok.encode(prompt) == smollm2_tokenizer.encode(prompt)
+            torch.testing.assert_close(model(ids)[0], smollm2(ids)[0], rtol=0, atol=1e-3)
+            want = smollm2.generate(ids, 16, temperature=0)
+            assert torch.equal(model.generate(ids, 16, temperature=0), want)
+            assert torch.equal(model.generate(ids, 16, temperature=0, compile=True), want)

@@ -1,0 +1,60 @@
+"""lumen.threads: the tuner keeps whichever thread count the step times say is fastest, and follows changes."""
+
+from __future__ import annotations
+
+import torch
+
+from lumen.threads import ThreadTuner, thread_choices, tuned
+
+
+def test_thread_choices_halve_down_to_one():
+    assert thread_choices(8) == [8, 4, 2, 1] and thread_choices(6) == [6, 3, 1] and thread_choices(1) == [1]
+
+
+def run(tuner: ThreadTuner, seconds_at: dict[int, float], steps: int) -> list[int]:
+    """Feed the tuner steps whose time depends on the thread count it set; the counts it used."""
+    used = []
+    for _ in range(steps):
+        n = torch.get_num_threads()
+        used.append(n)
+        tuner.record(seconds_at[n])
+    return used
+
+
+def test_tuner_follows_the_machine():
+    before = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(most=4, every=100, skip=1)
+        quiet = {4: 0.10, 2: 0.17, 1: 0.30}
+        used = run(tuner, quiet, 30)
+        assert tuner.chosen == 4 and used[-10:] == [4] * 10
+        busy = {4: 6.8, 2: 1.2, 1: 0.5}  # cores taken: all threads wait at barriers
+        used = run(tuner, busy, 30)
+        assert tuner.chosen == 1 and used[-10:] == [1] * 10
+        # a count far slower than the best so far is left after one step
+        assert used.count(4) <= 1 + 3 and used.count(2) <= 3
+        used = run(tuner, quiet, 60)  # quiet again: one thread got faster, so it tries again
+        assert tuner.chosen == 4 and used[-10:] == [4] * 10
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_one_core_never_changes_threads():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        tuner = ThreadTuner(most=1)
+        run(tuner, {3: 0.1}, 10)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_tuned_steps_pass_through_and_restore_threads():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert list(tuned(iter(range(20)), ThreadTuner(most=2, skip=0))) == list(range(20))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
