@@ -48,7 +48,7 @@ def small_png(src: Path, dst: Path, colours: int = 64) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--tokens", type=int, default=100, help="prompt length to time (0: screenshots only)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--shots", default=None, help="write the README's screenshots into this folder")
     args = ap.parse_args()
@@ -62,34 +62,34 @@ def main() -> None:
 
     loaded = load("smollm2")
     model, tok = loaded.model.eval(), loaded.tokenizer
-    ids = tok.encode(TEXT)[: args.tokens]
-    prompt = tok.decode(ids)
     tmp = Path(tempfile.mkdtemp(prefix="explore-bench-"))
-    t0 = time.perf_counter()
-    data = explore_data(model, tok, prompt)
-    computed = time.perf_counter() - t0
-    big = write_text(tmp / "big.html", explore_page(data))
-    print(f"SmolLM2-135M, {len(data['tokens'])} tokens, {data['n_layers']} blocks x {data['n_heads']} heads: "
-          f"{big.stat().st_size / 1e6:.2f} MB page, computed in {computed:.1f} s")
-
     drv = browser(str(tmp / "profile"), 1500, 1000)
     try:
-        renders = []
-        for _ in range(args.repeats):
-            drv.get(big.as_uri())
-            renders.append(float(drv.find_element(By.TAG_NAME, "body").get_attribute("data-rendered")))
-        cells = len(drv.find_elements(By.CSS_SELECTOR, "#lens td.cell"))
-        click = drv.execute_script(
-            "const t0 = performance.now(); select(40); showPattern(20, 3); return performance.now() - t0;")
-        print(f"render {statistics.median(renders):.0f} ms (median of {args.repeats}: "
-              f"{', '.join(f'{r:.0f}' for r in renders)}), {cells} lens cells; a column click + a head click "
-              f"redraw in {click:.0f} ms")
+        if args.tokens:
+            ids = tok.encode(TEXT)[: args.tokens]
+            t0 = time.perf_counter()
+            data = explore_data(model, tok, tok.decode(ids))
+            computed = time.perf_counter() - t0
+            big = write_text(tmp / "big.html", explore_page(data))
+            print(f"SmolLM2-135M, {len(data['tokens'])} tokens, {data['n_layers']} blocks x {data['n_heads']} heads: "
+                  f"{big.stat().st_size / 1e6:.2f} MB page, computed in {computed:.1f} s")
+            renders = []
+            for _ in range(args.repeats):
+                drv.get(big.as_uri())
+                renders.append(float(drv.find_element(By.TAG_NAME, "body").get_attribute("data-rendered")))
+            cells = len(drv.find_elements(By.CSS_SELECTOR, "#lens td.cell"))
+            click = drv.execute_script(
+                "const t0 = performance.now(); select(40); showPattern(20, 3); return performance.now() - t0;")
+            print(f"render {statistics.median(renders):.0f} ms (median of {args.repeats}: "
+                  f"{', '.join(f'{r:.0f}' for r in renders)}), {cells} lens cells; a column click + a head click "
+                  f"redraw in {click:.0f} ms")
         if args.shots:
             shots = Path(args.shots)
             eiffel = explore_data(model, tok, "The Eiffel Tower is in the city of", contrast=(" Paris", " Rome"),
                                   corrupt="The Colosseum is in the city of")
             page = write_text(tmp / "eiffel.html", explore_page(eiffel))
-            drv.set_window_size(1280, 900)
+            drv.set_window_size(1600, 900)   # wide enough for the bars, the head map and a pattern side by side
+            time.sleep(1)
             drv.get(page.as_uri())
             cell = drv.find_element(By.CSS_SELECTOR, '#lens td.cell[data-layer="24"][data-t="8"]')
             ActionChains(drv).move_to_element(cell).perform()

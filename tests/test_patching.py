@@ -82,18 +82,22 @@ def test_maps_against_the_forward_pass_by_hand(name):
     m_corrupt = m(by_hand(model, corrupt[None], lambda i, k, a: a))
     assert r.clean_metric == pytest.approx(m_clean, abs=1e-4) and r.corrupt_metric == pytest.approx(m_corrupt, abs=1e-4)
     assert abs(m_clean - m_corrupt) > 0.1
+    L, T = 3, 8
     for kind in ("resid_pre", "attn_out", "mlp_out"):
-        assert r.maps[kind].shape == (3, 8)
-        for i in range(3):
-            for t in range(8):
-                def paste(j, k, a, i=i, t=t, kind=kind):
-                    if (j, k) != (i, kind):
-                        return a
-                    a = a.clone()
-                    a[0, t] = cache[f"blocks.{i}.{kind}"][0, t]
-                    return a
-                want = (m(by_hand(model, corrupt[None], paste)) - m_corrupt) / (m_clean - m_corrupt)
-                assert float(r.maps[kind][i, t]) == pytest.approx(want, abs=1e-4), (kind, i, t)
+        assert r.maps[kind].shape == (L, T)
+        # one copy of the corrupted prompt per cell (i, t), row i * T + t, with that one activation pasted in
+
+        def paste(j, k, a, kind=kind):
+            if k != kind:
+                return a
+            a = a.clone()
+            for t in range(T):
+                a[j * T + t, t] = cache[f"blocks.{j}.{kind}"][0, t]
+            return a
+
+        z = by_hand(model, corrupt[None].expand(L * T, -1), paste)
+        want = (z[:, 5] - z[:, 9] - m_corrupt) / (m_clean - m_corrupt)
+        torch.testing.assert_close(r.maps[kind].flatten(), want.double(), atol=1e-4, rtol=0)
     assert r.maps["head"].shape == (3, 4)
     assert r.maps["resid_pre"][0, 2:4].sum() > 0.1 and r.maps["resid_pre"][0, 4:].abs().max() < 1e-5
 

@@ -119,6 +119,7 @@ th.col { cursor: pointer; } td.cell { cursor: pointer; font-family: monospace; t
   box-shadow: 0 2px 6px #0004; font-family: monospace; pointer-events: none; }
 .tip-token { white-space: pre; }
 .row-flex { display: flex; gap: 28px; flex-wrap: wrap; align-items: flex-start; }
+.row-flex .note { max-width: 380px; }
 .bar-row { display: flex; align-items: center; height: 15px; font-size: 11px; }
 .bar-row .name { width: 90px; text-align: right; padding-right: 6px; font-family: monospace; }
 .bar-row .track { width: 260px; position: relative; height: 11px; background: #f6f6f6; }
