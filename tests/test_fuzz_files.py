@@ -10,7 +10,7 @@ type) must be refused. Any other exception type fails the case, and so does a ca
 CASE_SECONDS (a hang, or memory allocated for an absurd size).
 
 The cases are a seeded loop (reproducible, no shrinking needed: each case says what it changed):
-~750 by default; `LUMEN_FUZZ_EXAMPLES=N` draws N random mutations per family on top of the enumerated
+~940 by default; `LUMEN_FUZZ_EXAMPLES=N` draws N random mutations per family on top of the enumerated
 ones, for the nightly kind of run: `LUMEN_FUZZ_EXAMPLES=2000 pytest -m fuzz tests/test_fuzz_files.py`.
 """
 
