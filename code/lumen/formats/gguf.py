@@ -273,7 +273,8 @@ def dequantize(t) -> np.ndarray:
     from gguf import quants
 
     try:
-        x = quants.dequantize(t.data, t.tensor_type)
+        with np.errstate(invalid="ignore", over="ignore"):  # (NaN/inf weights are refused by GPT.from_state)
+            x = quants.dequantize(t.data, t.tensor_type)
     except NotImplementedError:
         raise _unsupported(t.name, t.tensor_type) from None
     except ValueError as e:  # quants' own check: a byte count that is not whole blocks of the type
