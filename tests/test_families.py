@@ -204,7 +204,7 @@ def test_inspection_tools_run_on_each_family(name):
     table = deletion_table(model, x)
     assert table["baseline"] == pytest.approx(_manual_loss(model, x), abs=1e-5)
     for row in table["rows"]:
-        assert row["loss"] == pytest.approx(_manual_loss(model, x, skip=row["layer"]), abs=1e-5)
+        assert row["loss"] == pytest.approx(_manual_loss(model, x, skip=row["block"]), abs=1e-5)
     # neurons: top activations are the brute-force top-k; a unit's value vector read out through the final
     # norm (gain only: the norm's division scales all logits alike; LayerNorm also centres, its bias adds
     # the same logits to every unit)

@@ -270,7 +270,7 @@ def test_cli_eval_and_generate_on_a_gguf_file(tmp_path, tiny_file, capsys):
                  "--temperature", "1"]) == 0
     assert capsys.readouterr().out.endswith("\n")
     bad = tmp_path / "bad.txt"
-    bad.write_bytes(b"\xff\xfe\x00")
+    bad.write_bytes("caf\u00e9 au lait\n".encode("latin-1"))  # text, but not UTF-8
     assert main(["eval", str(tiny_file), "--text", str(bad)]) == 2
     assert "not UTF-8" in capsys.readouterr().err
     assert main(["eval", str(tiny_file), "--text", str(text), "--context", "100"]) == 2

@@ -85,10 +85,10 @@ def test_lens_on_a_cached_hub_model(tmp_path, monkeypatch, capsys):
     assert main(["lens", "hf:EleutherAI/pythia-70m", "--prompt", "the cat sat on the", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)["logit lens"]
     assert r["ids"] == [1, 2, 3, 4, 1]  # read with the snapshot's tokenizer.json
-    assert [row["layer"] for row in r["layers"]] == [0, 1, 2]  # the embeddings and the 2 blocks
+    assert [row["after"] for row in r["layers"]] == ["embed", "block 0", "block 1"]  # the embeddings and 2 blocks
     assert max(r["layers"][-1]["kl"]) < 1e-5  # the last layer is the model's own output
     assert main(["lens", "hf:EleutherAI/pythia-70m", "--prompt", "the cat sat on the"]) == 0
-    assert "layer" in capsys.readouterr().out
+    assert "block 1" in capsys.readouterr().out
 
 
 def test_uncached_hub_model_offline_is_one_clear_error(tmp_path, monkeypatch, capsys):

@@ -51,7 +51,7 @@ def test_sharded_safetensors_with_index(tmp_path):
     loaded = load(str(tmp_path)).model
     torch.testing.assert_close(_logits(loaded), _logits(hf), atol=1e-5, rtol=0)
     (tmp_path / shards[1]).unlink()
-    with pytest.raises(MissingFileError, match=f"{shards[1]} is missing"):
+    with pytest.raises(MissingFileError, match=f"lacks {shards[1]}"):
         load_hf_dir(tmp_path)
 
 
