@@ -274,7 +274,7 @@ def test_cli_eval_and_generate_on_a_gguf_file(tmp_path, tiny_file, capsys):
     assert main(["eval", str(tiny_file), "--text", str(bad)]) == 2
     assert "not UTF-8" in capsys.readouterr().err
     assert main(["eval", str(tiny_file), "--text", str(text), "--context", "100"]) == 2
-    assert "exceeds the model's 64" in capsys.readouterr().err
+    assert "exceeds the model's context of 64" in capsys.readouterr().err
 
 
 def test_unknown_tensor_is_an_error_not_ignored(tmp_path):
