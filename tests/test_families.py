@@ -22,8 +22,8 @@ from transformers import (
 from lumen import GPT, ModelConfig
 from lumen.accounting import count, formula
 from lumen.block import ParallelBlock
-from lumen.errors import UserError
-from lumen.formats.hf import from_hf_model, load_hf_dir, save_hf_dir
+from lumen.errors import ConfigError, ModelFileError, UserError
+from lumen.formats.hf import config_from_hf, from_hf_model, load_hf_dir, save_hf_dir
 from lumen.inspect import (
     LogitLens,
     deletion_table,
@@ -224,3 +224,19 @@ def test_inspection_tools_run_on_each_family(name):
         T = x.size(1)
         far = torch.ones(T, T, dtype=torch.bool).tril(-model.cfg.sliding_window)
         assert torch.all(pattern[..., far] == 0)
+
+
+def test_family_settings_that_cannot_work_are_clear_errors():
+    with pytest.raises(ConfigError, match="rotary_fraction"):
+        ModelConfig(positions="rope", rotary_fraction=1.5)
+    with pytest.raises(ConfigError, match="at least 2"):
+        ModelConfig(positions="rope", rotary_fraction=0.01)
+    with pytest.raises(ConfigError, match="sliding_window must be positive"):
+        ModelConfig(sliding_window=0)
+    qwen = Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                       use_sliding_window=True).to_dict()
+    with pytest.raises(ModelFileError, match="use_sliding_window"):
+        config_from_hf(qwen)
+    gemma = GemmaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4).to_dict()
+    with pytest.raises(ModelFileError, match="Gemma hidden_act 'relu'"):
+        config_from_hf(gemma | {"hidden_act": "relu"})

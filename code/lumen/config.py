@@ -51,7 +51,7 @@ class ModelConfig:
     n_heads: int = 12
     n_kv_heads: int | None = None
     d_ff: int | None = None
-    mlp: str = "mlp"  # "mlp" (W2 act(W1 x)) or "swiglu"
+    mlp: str = "mlp"  # "mlp" (W2 act(W1 x)), "swiglu" or "geglu" (gated: W2 (act(W_gate x) * W_up x))
     activation: str = "gelu_tanh"  # the MLP's nonlinearity, GeGLU's gate; SwiGLU always gates with SiLU
     norm: str = "layernorm"
     norm_eps: float = 1e-5
@@ -80,9 +80,10 @@ class ModelConfig:
             raise ConfigError(
                 f"ModelConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})"
             )
-        if self.positions == "rope" and self.rotary_dims % 2:
+        if self.positions == "rope" and (self.rotary_dims < 2 or self.rotary_dims % 2):
             raise ConfigError(
-                f"ModelConfig: RoPE rotates pairs, so head_dim x rotary_fraction ({self.rotary_dims}) must be even"
+                f"ModelConfig: RoPE rotates pairs, so head_dim x rotary_fraction ({self.rotary_dims}) must be even "
+                "and at least 2"
             )
         for f, allowed in (
             ("mlp", MLP_KINDS),
