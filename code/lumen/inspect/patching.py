@@ -11,7 +11,7 @@ or MLP output, or one head's output, at one position (or all). How much of the c
 logit difference between the clean answer and the corrupt answer at the last position.
 
     >>> r = patching_maps(model, clean_ids, corrupt_ids)           # doctest: +SKIP
-    >>> r.maps["resid_pre"].shape                                   # (n_layers, T)
+    >>> r.maps["resid_pre"].shape                      # (n_layers, T)   # doctest: +SKIP
 
 Built on lumen.inspect.cache's named activations and its `hooks` context manager.
 """
