@@ -30,6 +30,9 @@ class RoPE(nn.Module):
     position.
     """
 
+    cos: torch.Tensor  # buffers, (context, dims/2): the cos and sin of every position's angles
+    sin: torch.Tensor
+
     def __init__(self, dims: int, context: int, theta: float = 10000.0):
         super().__init__()
         self.dims, self.context, self.theta = dims, context, theta
@@ -41,9 +44,8 @@ class RoPE(nn.Module):
         """(Re)compute the cos/sin tables: they follow from the shape, so they are never stored
         (a model built on the meta device gets real ones here)."""
         device = device or self.cos.device
-        f32 = {"dtype": torch.float32, "device": device}
-        inv_freq = 1.0 / self.theta ** (torch.arange(0, self.dims, 2, **f32) / self.dims)
-        angles = torch.outer(torch.arange(self.context, **f32), inv_freq)  # (L, hd/2)
+        inv_freq = 1.0 / self.theta ** (torch.arange(0, self.dims, 2, dtype=torch.float32, device=device) / self.dims)
+        angles = torch.outer(torch.arange(self.context, dtype=torch.float32, device=device), inv_freq)  # (L, hd/2)
         self.cos, self.sin = angles.cos(), angles.sin()
 
     def forward(self, x: torch.Tensor, pos: int | torch.Tensor = 0) -> torch.Tensor:  # x: (B, h, T, hd)
@@ -170,6 +172,7 @@ class MultiHeadAttention(nn.Module):
         if self.rope is not None:
             q, k = self.rope(q, pos), self.rope(k, pos)
         if cache is not None:
+            assert isinstance(pos, torch.Tensor)  # a cache always gives tensor positions
             k, v = cache.write(k, v, pos)                                          # (B, h_kv, slots, hd)
             allowed = visible(pos, k.size(2), mask, self.window)
         elif mask is None and self.window is None:

@@ -111,7 +111,7 @@ class ModelConfig:
                 continue
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise ConfigError(f"ModelConfig.{f} must be a whole number, got {v!r}")
-            if not 1 <= v <= limit:
+            if not 1 <= int(v) <= limit:
                 raise ConfigError(f"ModelConfig.{f} must be between 1 and {limit:,}, got {v:,}")
             object.__setattr__(self, f, int(v))
         for f in ("norm_eps", "rope_theta", "dropout", "rotary_fraction"):

@@ -251,7 +251,7 @@ def prepare(
     h = hashlib.sha256()
     for d in docs:
         h.update(d.name.encode() + b"\0" + hashlib.sha256(d.text.encode()).digest())
-    settings = dict(tokenizer=tok_id, vocab_size=vocab_size if tokenizer == "bpe" else None,
+    settings: dict[str, object] = dict(tokenizer=tok_id, vocab_size=vocab_size if tokenizer == "bpe" else None,
                     validation=list(validation or []), val_fraction=val_fraction, version=FORMAT_VERSION)
     h.update(json.dumps(settings, sort_keys=True).encode())
     folder = Path(cache or cache_dir() / "data") / h.hexdigest()[:16]

@@ -171,6 +171,7 @@ def _extract_folder(art: Artifact, archive: Path, out: Path) -> None:
             if not rel or "/" in rel or not m.isfile() or not fnmatch.fnmatch(rel, art.pattern):
                 continue
             src = tar.extractfile(m)
+            assert src is not None  # m is a regular file (checked above), so it has contents
             (out / rel).write_bytes(src.read())
             sums[rel] = sha256_of(out / rel)
     if not sums:

@@ -10,13 +10,13 @@ import math
 import numbers
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import KVCache
+from .attention import KVCache, MultiHeadAttention
 from .block import TransformerBlock, make_norm
 from .config import ModelConfig
 from .errors import ModelFileError, UserError
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # torch.compile's options for lumen's models. Inductor writes tanh on CPU as a long vector polynomial;
 # as 2 / (1 + e^(-2u)) - 1, the same function, GELU's forward and backward are much cheaper, accurate to
 # fp32 rounding (the gain is in the README's Speed section). Other devices ignore it.
-COMPILE_OPTIONS = {"cpp.use_decompose_tanh": True}
+COMPILE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"cpp.use_decompose_tanh": True}
 
 
 class GPT(nn.Module):
@@ -58,9 +58,10 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model) if cfg.positions == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(TransformerBlock.from_config(cfg) for _ in range(cfg.n_layers))
-        for block in self.blocks[1:]:  # RoPE's tables follow from the shape alone: one copy serves every layer
-            block.attn.rope = self.blocks[0].attn.rope
+        blocks = [TransformerBlock.from_config(cfg) for _ in range(cfg.n_layers)]
+        self.blocks = nn.ModuleList(blocks)
+        for block in blocks[1:]:  # RoPE's tables follow from the shape alone: one copy serves every layer
+            block.attn.rope = blocks[0].attn.rope
         # pre-LN (and parallel) blocks never normalise the stream itself, so one last norm before reading
         # it out; post-LN blocks already leave it normalised
         self.ln_f = make_norm(cfg) if cfg.norm_placement != "post" else nn.Identity()
@@ -73,7 +74,7 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         # after self.apply(self._init_weights): shrink the two residual-writing matrices per block,
         # so that the 2N writes into the stream add up to variance ~0.02^2 rather than 2N times it
-        for block in self.blocks:
+        for block in blocks:
             for lin in (block.attn.out, block.mlp.down):
                 nn.init.normal_(lin.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.n_layers))
 
@@ -139,13 +140,20 @@ class GPT(nn.Module):
             model.lm_head.weight = model.tok_emb.weight
         for m in model.modules():
             if m is not model and hasattr(m, "reset_buffers"):
-                m.reset_buffers(model.tok_emb.weight.device)
+                m.reset_buffers(model.tok_emb.weight.device)  # type: ignore[operator]  # torch's stub: Tensor | Module
         return model.eval()
 
     @classmethod
     def from_preset(cls, name: str, **changes: object) -> GPT:
         """A freshly initialised model of a named preset, e.g. ``GPT.from_preset("baby-gpt")``."""
         return cls(ModelConfig.from_name(name).replace(**changes))
+
+    def attention(self, layer: int) -> MultiHeadAttention:
+        """Block `layer`'s attention. (To a type checker, nn.ModuleList holds bare Modules; every block
+        lumen builds holds a MultiHeadAttention as .attn.)"""
+        attn = self.blocks[layer].attn
+        assert isinstance(attn, MultiHeadAttention)
+        return attn
 
     # the forward pass --------------------------------------------------------------------------
     def embed(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
@@ -248,7 +256,7 @@ class GPT(nn.Module):
         state.pop("_compiled", None)
         return state
 
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **kw: object) -> torch.Tensor:
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **kw: Any) -> torch.Tensor:
         """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens), any number of
         them (past the context the window slides). Keywords as for `stream`: temperature (1.0; 0 is
         greedy), top_k, top_p, generator (a seeded torch.Generator repeats a sample), compile."""
@@ -337,7 +345,7 @@ def check_tokens(idx: torch.Tensor, cfg: ModelConfig, start: int) -> None:
 def plain_attention(model: GPT, layers: Iterable[int] | None = None) -> Iterator[None]:
     """Route attention (all layers, or the given ones) through the plain softmax path, which exposes
     the pattern; restore the model's own choice afterwards."""
-    attns = [model.blocks[i].attn for i in (range(len(model.blocks)) if layers is None else set(layers))]
+    attns = [model.attention(i) for i in (range(len(model.blocks)) if layers is None else set(layers))]
     before = [a.use_sdpa for a in attns]
     for a in attns:
         a.use_sdpa = False

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Iterator
+from typing import TypeVar
 
 import torch
 import torch.nn as nn
@@ -64,6 +65,7 @@ class FastLinear(nn.Linear):
 
     def unpack(self) -> None:
         """Back to the plain (out, in) weight, the same bits as before `pack`."""
+        assert self._packed is not None, "unpack() of a layer that was not packed"
         self.weight.data = self._packed.to_dense()
         self._packed = None
 
@@ -86,7 +88,10 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     return y.to(x.dtype)
 
 
-def _same_parameters(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
+LinearT = TypeVar("LinearT", bound=nn.Linear)
+
+
+def _same_parameters(cls: type[LinearT], linear: nn.Linear) -> LinearT:
     """A `cls` layer holding linear's Parameter objects themselves (no copy, no initialisation)."""
     layer = cls.__new__(cls)
     nn.Module.__init__(layer)

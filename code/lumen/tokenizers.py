@@ -52,7 +52,7 @@ class Tokenizer:
         raise NotImplementedError
 
     @classmethod
-    def _from_state(cls, state: dict) -> Tokenizer:
+    def _from_state(cls, state: dict, path: Path | str = FILENAME) -> Tokenizer:
         raise NotImplementedError
 
     def save(self, directory: str | Path) -> Path:

@@ -6,6 +6,8 @@ pasted into the Colosseum run, bring " Paris" back?"""
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import torch
 
 from ..inspect.attribution import attribute, single_token, top_components
@@ -19,9 +21,16 @@ CLAIM = ("Early layers write facts about each token into its own stream; attenti
          "is probably X' (the chapter's picture of the residual stream as working memory).")
 CLEAN, CORRUPT = "The Eiffel Tower is in the city of", "The Colosseum is in the city of"
 ANSWER, WRONG = " Paris", " Rome"
+
+
+class Size(TypedDict):
+    kinds: tuple[str, ...]  # the patching maps' site kinds
+    step: int               # patch every step-th block
+
+
 # quick: the stream only, every third block; full: every site kind at every block
-SIZES = {False: dict(kinds=("resid_pre", "attn_out", "mlp_out", "head"), step=1),
-         True: dict(kinds=("resid_pre",), step=3)}
+SIZES = {False: Size(kinds=("resid_pre", "attn_out", "mlp_out", "head"), step=1),
+         True: Size(kinds=("resid_pre",), step=3)}
 MOVED = 0.5   # the last position "has" the answer once patching its stream restores this much
 
 

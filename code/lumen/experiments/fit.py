@@ -155,13 +155,14 @@ def sample_batch(data: TokenData, split: str, batch_size: int, context: int, see
     return data.batch(split, data.random_starts(split, context, batch_size, gen), context)
 
 
-def grad_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[float]:
+def grad_norms(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:
     """The gradient norm of each block's parameters after one backward pass of the loss on (x, y)."""
     model.zero_grad(set_to_none=True)
     model.eval()   # no dropout noise in the measurement
     _, loss = model(x, y)
     loss.backward()
-    norms = [torch.sqrt(sum((p.grad.float() ** 2).sum() for p in b.parameters() if p.grad is not None)).item()
+    norms = [torch.sqrt(sum(((p.grad.float() ** 2).sum() for p in b.parameters() if p.grad is not None),
+                            torch.tensor(0.0))).item()
              for b in model.blocks]
     model.zero_grad(set_to_none=True)
     return norms

@@ -63,8 +63,9 @@ def build(cfg: ModelConfig, kind: str = "residual", residual_rule: bool = True) 
         model.blocks = nn.ModuleList(AttentionOnlyBlock(cfg) for _ in range(cfg.n_layers))
     model.blocks.apply(model._init_weights)
     # the matrices that write into the stream: attention's W_O and the MLP's W_2 (attention-only: W_O alone)
-    writes = [b.attn.out for b in model.blocks] if kind == "attention-only" else [
-        lin for b in model.blocks for lin in (b.attn.out, b.mlp.down)]
+    # (every block is of the class built above; the isinstance tells a type checker which one)
+    writes = [b.attn.out for b in model.blocks if isinstance(b, AttentionOnlyBlock)] if kind == "attention-only" else [
+        lin for b in model.blocks if isinstance(b, TransformerBlock) for lin in (b.attn.out, b.mlp.down)]
     std = 0.02 / math.sqrt(len(writes)) if residual_rule and not kind.startswith("plain") else 0.02
     for lin in writes:
         nn.init.normal_(lin.weight, mean=0.0, std=std)

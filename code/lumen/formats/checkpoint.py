@@ -49,7 +49,9 @@ def unwrap(model: nn.Module) -> nn.Module:
     """The plain module inside torch.compile's and DistributedDataParallel's wrappers."""
     while True:
         if hasattr(model, "_orig_mod"):  # torch.compile
-            model = model._orig_mod
+            inner = model._orig_mod
+            assert isinstance(inner, nn.Module)
+            model = inner
         elif isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
         else:
@@ -78,13 +80,26 @@ def step_of(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def step_key(path: Path) -> int:
+    """The step of a path already known to be a step-N folder: a sort key for `step_of`'s survivors."""
+    step = step_of(path)
+    assert step is not None, path
+    return step
+
+
 def checkpoints(run_dir: str | Path) -> list[Path]:
     """The complete checkpoints of a run (step-N folders with weights and config), oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if step_of(p) is not None and is_checkpoint(p)]
-    return sorted(found, key=step_of)
+    return sorted(found, key=step_key)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run (None if it has none)."""
+    found = checkpoints(run_dir)
+    return found[-1] if found else None
 
 
 def best_checkpoint(run_dir: str | Path) -> Path | None:
@@ -105,7 +120,7 @@ def resolve(path: str | Path) -> Path:
         raise MissingFileError(f"no such run or checkpoint: {path}")
     if is_checkpoint(path):
         return path
-    found = best_checkpoint(path) or (checkpoints(path) or [None])[-1]
+    found = best_checkpoint(path) or latest_checkpoint(path)
     if found is None:
         raise MissingFileError(
             f"{path} is neither a lumen checkpoint ({WEIGHTS} + {CONFIG}) nor a run directory with "
@@ -129,7 +144,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT,
 def load_weights(model: GPT, state: dict[str, torch.Tensor], where: Path | str = "checkpoint") -> None:
     """Copy stored weights into an existing model in place (a resumed run's optimizer holds its
     parameters); a tied unembedding follows the embedding. Checked as `GPT.from_state` checks."""
-    checked = GPT.from_state(unwrap(model).cfg, state, source=str(where), dtype=None)
+    raw = unwrap(model)
+    assert isinstance(raw, GPT)
+    checked = GPT.from_state(raw.cfg, state, source=str(where), dtype=None)
     with torch.no_grad():
         for name, t in model.state_dict().items():
             t.copy_(checked.state_dict()[name])
@@ -146,6 +163,7 @@ def save_checkpoint(
     from safetensors.torch import save_file
 
     raw = unwrap(model)
+    assert isinstance(raw, GPT)
     with atomic_dir(path) as tmp:
         save_file(model_state(raw), str(tmp / WEIGHTS), metadata={"format": "pt"})
         raw.cfg.save(tmp / CONFIG)
@@ -155,7 +173,7 @@ def save_checkpoint(
             torch.save(trainer_state, tmp / TRAINER)
         (tmp / META).write_text(json.dumps(meta or {}, indent=1) + "\n")
         write_manifest(tmp)
-    return path
+    return Path(path)
 
 
 def write_manifest(ckpt: Path) -> None:

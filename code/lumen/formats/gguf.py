@@ -321,6 +321,7 @@ def state_from_gguf(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         name = _lumen_name(t.name)
+        assert name is not None  # check_tensors has placed every tensor
         w = torch.from_numpy(dequantize(t))
         if name.endswith("attn.q.weight"):
             w = unpermute(w, cfg.n_heads)

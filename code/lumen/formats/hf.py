@@ -22,6 +22,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ from ..errors import ConfigError, FetchError, MissingFileError, ModelFileError, 
 from ..model import GPT
 from ..tokenizers import read_json
 from .weights import read_safetensors
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # lumen's activation names (config.ACTIVATIONS) in Hugging Face's spelling, and back (with HF's aliases)
 HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
@@ -346,7 +350,7 @@ def _need(hf: dict[str, torch.Tensor], key: str) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------
 # directories and live models
-def from_hf_model(hf_model: torch.nn.Module) -> GPT:
+def from_hf_model(hf_model: PreTrainedModel) -> GPT:
     """A lumen GPT with the weights of a transformers model of one of FAMILIES."""
     cfg = config_from_hf(hf_model.config.to_dict(), name=hf_model.config.model_type)
     state = {k: v.detach().float() for k, v in hf_model.state_dict().items()}

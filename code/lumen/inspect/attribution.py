@@ -79,17 +79,17 @@ def readout_vector(norm: torch.nn.Module, x: torch.Tensor, u: torch.Tensor) -> t
     """(w, bias share): the final norm with its scale frozen at x's, followed by the read-out u.
     x: the stream the norm read (T, d); u: (T, d) read-out directions. Any write c then adds c . w[t]
     to position t's logit, and the norm's own bias adds the returned (T,) share (None: RMSNorm has no bias)."""
+    if not isinstance(norm, (LayerNorm, RMSNorm)):
+        raise UserError(f"direct logit attribution needs a final LayerNorm or RMSNorm; this model's is "
+                        f"{type(norm).__name__}")
     x = x.double()
     gu = norm.g.double() * u
     if isinstance(norm, LayerNorm):
         s = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)    # the scale the forward pass used
         w = (gu - gu.mean(-1, keepdim=True)) / s      # centring a write is the same as centring the read-out
         return w, (u * norm.b.double()).sum(-1)
-    if isinstance(norm, RMSNorm):
-        s = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
-        return gu / s, None
-    raise UserError(f"direct logit attribution needs a final LayerNorm or RMSNorm; this model's is "
-                    f"{type(norm).__name__}")
+    s = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)                 # RMSNorm
+    return gu / s, None
 
 
 def single_token(tokenizer, text: str, what: str) -> int:
@@ -163,13 +163,13 @@ def attribute(
     else:
         writes.append(embed)
         rows.append("embed")
-    H = model.blocks[0].attn.n_heads
+    H = model.attention(0).n_heads
     heads = torch.zeros(L, H, T, dtype=torch.float64)
     attn_bias = torch.zeros(L, T, dtype=torch.float64)
-    for i, block in enumerate(model.blocks):
+    for i in range(L):
         writes += [cache[f"blocks.{i}.attn_out"], cache[f"blocks.{i}.mlp_out"]]
         rows += [f"blocks.{i}.attn", f"blocks.{i}.mlp"]
-        out = block.attn.out
+        out = model.attention(i).out
         hd = out.in_features // H
         v = w @ out.weight.double()                                             # (T, H * hd): W_O^T w per position
         z = cache[f"blocks.{i}.attn_heads"][0].double()

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..block import LayerNorm
+from ..block import LayerNorm, TransformerBlock
 from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
@@ -26,7 +26,9 @@ from .cache import capture, check_layer
 
 
 def _down(model: GPT, layer: int) -> torch.nn.Linear:
-    return model.blocks[check_layer(model, layer)].mlp.down
+    block = model.blocks[check_layer(model, layer)]
+    assert isinstance(block, TransformerBlock)  # every GPT block is one (pre-LN, post-LN or parallel)
+    return block.mlp.down
 
 
 def n_units(model: GPT, layer: int) -> int:

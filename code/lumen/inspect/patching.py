@@ -65,7 +65,7 @@ def _check(model: GPT, clean: torch.Tensor, corrupt: torch.Tensor, sites: Sequen
     if clean.shape != corrupt.shape:
         raise UserError(f"the clean and the corrupted prompt must have the same number of tokens, got "
                         f"{clean.size(-1)} and {corrupt.size(-1)} (reword one so that they tokenize alike)")
-    T, H = clean.size(-1), model.blocks[0].attn.n_heads
+    T, H = clean.size(-1), model.attention(0).n_heads
     for s in sites:
         if s.kind not in KINDS:
             raise UserError(f"unknown site kind {s.kind!r}; kinds are {', '.join(KINDS)}")
@@ -105,7 +105,7 @@ def run_patched(model: GPT, clean_cache: dict, corrupt: torch.Tensor, groups: Se
                 if s.head is None:
                     a[b, t] = clean[t]
                 else:
-                    hd = a.size(-1) // model.blocks[s.layer].attn.n_heads
+                    hd = a.size(-1) // model.attention(s.layer).n_heads
                     cols = slice(s.head * hd, (s.head + 1) * hd)
                     a[b, t, cols] = clean[t, cols]
             return a
@@ -195,7 +195,7 @@ def patching_maps(
         metric = logit_diff(a, b)
     cache, m_clean, m_corrupt = _caches(model, clean, corrupt, metric, position)
     rows = list(range(len(model.blocks))) if layers is None else [check_layer(model, i) for i in layers]
-    L, T, H = len(rows), clean.size(1), model.blocks[0].attn.n_heads
+    L, T, H = len(rows), clean.size(1), model.attention(0).n_heads
     per_run = max(1, MAX_BATCH_BYTES // (T * (8 * model.cfg.d_model + 3 * model.cfg.hidden) * 4))
     result = Patching(_texts(tokenizer, clean), _texts(tokenizer, corrupt), m_clean, m_corrupt,
                       metric_name=metric_name, layers=rows)

@@ -37,7 +37,7 @@ MAX_TOKENS = 256   # longer prompts make a page too large to be useful
 
 
 def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] | None = None,
-                 corrupt: str | None = None, tuned=None, k: int = 5, patch_kinds: Sequence[str] = KINDS) -> dict:
+                 corrupt: str | None = None, tuned=None, k: int = 5, patch_kinds: Sequence[str] = tuple(KINDS)) -> dict:
     """Everything the page shows, as plain JSON-ready numbers. contrast: two token texts whose logit
     difference the attribution splits (default: each position's own top prediction); corrupt: a prompt
     of the same token length for the patching maps (of patch_kinds: each (layer, position) cell is a
@@ -48,7 +48,8 @@ def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] |
     if len(ids) > min(MAX_TOKENS, model.cfg.context):
         raise UserError(f"the prompt is {len(ids)} tokens; the page shows at most {min(MAX_TOKENS, model.cfg.context)}")
     model.eval()
-    pair = tuple(single_token(tokenizer, c, "contrast token") for c in contrast) if contrast else None
+    pair = (single_token(tokenizer, contrast[0], "contrast token"),
+            single_token(tokenizer, contrast[1], "contrast token")) if contrast else None
     lenses = {"logit lens": logit_lens(model, ids, LogitLens(model), k, tokenizer)}
     if tuned is not None:
         lenses["tuned lens"] = logit_lens(model, ids, tuned, k, tokenizer)
@@ -60,7 +61,7 @@ def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] |
     L, T = len(model.blocks), len(ids)
     data = {
         "model": model.cfg.name, "prompt": prompt, "tokens": [visible(t) for t in a.tokens], "ids": ids,
-        "n_layers": L, "n_heads": model.blocks[0].attn.n_heads, "layer_names": [layer_name(i) for i in range(L + 1)],
+        "n_layers": L, "n_heads": model.attention(0).n_heads, "layer_names": [layer_name(i) for i in range(L + 1)],
         "texts": {str(i): visible(t) for i, t in texts.items()},
         "lenses": {name: {"top_ids": r.top_ids.tolist(), "top_probs": _round(r.top_probs, 4),
                           "final_prob": _round(r.final_prob, 4)} for name, r in lenses.items()},
@@ -85,8 +86,10 @@ def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] |
     return data
 
 
-def _round(t: torch.Tensor | list | float, digits: int) -> list | float:
-    """A tensor as nested lists of numbers rounded for JSON."""
+def _round(t: torch.Tensor | list | float | None, digits: int) -> list | float | None:
+    """A tensor as nested lists of numbers rounded for JSON (None stays None: JSON's null)."""
+    if t is None:
+        return None
     if isinstance(t, torch.Tensor):
         t = t.tolist()
     return [_round(x, digits) for x in t] if isinstance(t, list) else round(t, digits)

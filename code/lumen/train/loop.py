@@ -18,6 +18,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -105,7 +106,8 @@ class Trainer:
         torch.manual_seed(cfg.seed + 1 + d.rank)  # dropout noise differs per rank
         self.step, self.tokens, self.best = 0, 0, math.inf
         self.bf16 = use_bf16(cfg.dtype, self.device)
-        self.fwd: nn.Module = torch.compile(self.raw, options=COMPILE_OPTIONS) if cfg.compile else self.raw
+        # torch.compile of a Module returns a Module (OptimizedModule); its stubs say only "a callable"
+        self.fwd: nn.Module = torch.compile(self.raw, options=COMPILE_OPTIONS) if cfg.compile else self.raw  # type: ignore[assignment]
         if d.active:
             self.fwd = nn.parallel.DistributedDataParallel(
                 self.fwd, device_ids=[d.local_rank] if self.device.type == "cuda" else None)
@@ -161,6 +163,7 @@ class Trainer:
             tokenizer=self.tokenizer, run_dir=self.path, chars_per_token=self.val_chars_per_token, stopped=stopped,
         )
         if self.writes:
+            assert self.run_dir is not None  # writes implies cfg.save
             self.run_dir.write_summary(result.summary(processes=self.dist.world, bf16=self.bf16,
                                                       device=str(self.device)))
         if self.talks:
@@ -179,7 +182,8 @@ class Trainer:
             x, y = (t.to(self.device, non_blocking=True) for t in self.data.batch("train", window, self.T))
             # DDP all-reduces gradients after the last micro-batch only
             last = m == self.micro_steps - 1
-            with contextlib.nullcontext() if last or not d.active else self.fwd.no_sync():
+            # when d.active, fwd is a DistributedDataParallel; its declared type, nn.Module, does not show no_sync
+            with contextlib.nullcontext() if last or not d.active else self.fwd.no_sync():  # type: ignore[operator]
                 with self.autocast(), training_attention(self.raw, cfg.compile, self.bf16):
                     _, loss = self.fwd(x, y)
                 (loss / self.micro_steps).backward()  # the mean over micro-batches, accumulated in .grad
@@ -228,7 +232,7 @@ class Trainer:
         val = self.evaluate()
         if not math.isfinite(val):
             raise TrainingError(self.bad_loss_message(val, "validation loss", self.step))
-        rec = {"step": self.step, "val_loss": val, "train_loss": train_loss, "tokens": self.tokens}
+        rec: dict[str, Any] = {"step": self.step, "val_loss": val, "train_loss": train_loss, "tokens": self.tokens}
         if self.cfg.sample_tokens and self.dist.main:
             rec["sample"] = self.sample()
         improved, self.best = val < self.best, min(self.best, val)
@@ -259,18 +263,21 @@ class Trainer:
         if not self.writes:
             return None
         meta = {"step": self.step, "val_loss": val, "tokens": self.tokens, "config": self.cfg.to_dict()}
+        assert self.run_dir is not None  # writes implies cfg.save
         path = self.run_dir.save(self.step, self.raw, self.tokenizer, meta, state, val, improved, self.cfg.keep_last)
-        self.run_dir.plot(self.history, title=f"{self.path.name}: {self.model_cfg.name}")
+        self.run_dir.plot(self.history, title=f"{self.run_dir.path.name}: {self.model_cfg.name}")
         return path
 
     def checkpoint_now(self) -> Path | None:
         """The current step as a checkpoint (without an evaluation, unless one just saved it)."""
         if not self.cfg.save:
             return None
+        assert self.run_dir is not None  # there is one when cfg.save
         newest = self.run_dir.newest()
         return newest if newest is not None and newest.name.endswith(f"{self.step:06d}") else self.save(None, False)
 
     def open_run_dir(self, resume: bool) -> None:
+        assert self.run_dir is not None
         if self.dist.main:
             self.run_dir.tidy()
         distributed.barrier(self.dist)  # rank 0 tidied half-written checkpoints before anyone reads
@@ -291,6 +298,7 @@ class Trainer:
 
     def finished(self) -> TrainResult:
         """A resumed run that has taken all its steps: what summary.json records, re-reported, not rewritten."""
+        assert self.run_dir is not None  # a finished run was resumed from its directory
         result = self.run_dir.recorded_result(self.history, self.best, self.val_chars_per_token)
         result.model, result.tokenizer = self.raw.eval(), self.tokenizer
         if self.talks:
@@ -301,6 +309,7 @@ class Trainer:
     def record(self, rec: dict) -> None:
         self.history.append(rec)
         if self.writes:
+            assert self.run_dir is not None  # writes implies cfg.save
             self.run_dir.record(rec)
 
     # -----------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ class RunDir:
             raise ConfigError(f"out_dir {self.path} is a file, not a folder; set out_dir to a new folder")
         found = [p for p in (self.path / ckpt.CHECKPOINTS).glob(f"{ckpt.PREFIX}*") if ckpt.step_of(p) is not None]
         if found and not resume:
-            newest = max(found, key=ckpt.step_of)
+            newest = max(found, key=ckpt.step_key)
             raise UserError(
                 f"{self.path} already holds checkpoints ({newest.name}); continue it with --resume "
                 f"or train into another directory (--set out_dir=...)"
@@ -63,7 +63,7 @@ class RunDir:
         passed over."""
         found = [p for p in (self.path / ckpt.CHECKPOINTS).glob(f"{ckpt.PREFIX}*") if ckpt.step_of(p) is not None]
         damaged = []
-        for path in sorted(found, key=ckpt.step_of, reverse=True):
+        for path in sorted(found, key=ckpt.step_key, reverse=True):
             try:
                 ckpt.verify(path)
             except CheckpointError as e:
@@ -130,14 +130,14 @@ class RunDir:
                 f"({', '.join(kept) or 'none yet'}); free space in {self.path} and rerun with --resume"
             ) from e
         best = ckpt.best_checkpoint(self.path)
-        upto = [p for p in ckpt.checkpoints(self.path) if ckpt.step_of(p) <= step]
+        upto = [p for p in ckpt.checkpoints(self.path) if ckpt.step_key(p) <= step]
         for old in upto[: -keep_last or None]:
             if old != best and old != path:
                 shutil.rmtree(old, ignore_errors=True)
         return path
 
     def newest(self) -> Path | None:
-        return (ckpt.checkpoints(self.path) or [None])[-1]
+        return ckpt.latest_checkpoint(self.path)
 
     def summary(self) -> dict | None:
         """What summary.json records (None if missing or unreadable)."""
