@@ -231,7 +231,7 @@ def test_family_settings_that_cannot_work_are_clear_errors():
         ModelConfig(positions="rope", rotary_fraction=1.5)
     with pytest.raises(ConfigError, match="at least 2"):
         ModelConfig(positions="rope", rotary_fraction=0.01)
-    with pytest.raises(ConfigError, match="sliding_window must be positive"):
+    with pytest.raises(ConfigError, match="sliding_window must be between 1 and"):
         ModelConfig(sliding_window=0)
     qwen = Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
                        use_sliding_window=True).to_dict()
