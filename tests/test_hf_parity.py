@@ -9,6 +9,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from lumen import GPT
 from lumen.formats.hf import config_from_hf, from_hf_model, load_hf_dir, save_hf_dir
+from test_families import HF_CLASSES as FAMILY_CLASSES
+from test_families import SHAPES as FAMILY_SHAPES
 
 V = 97
 SHAPES = {
@@ -27,6 +29,8 @@ SHAPES = {
         vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=1, max_position_embeddings=48, rope_theta=100000.0)),
 }
+SHAPES |= FAMILY_SHAPES  # GPT-NeoX/Pythia, Qwen2, Gemma, Mistral: the same tests for every family
+HF_CLASSES = {"gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM, **FAMILY_CLASSES}
 
 
 def _pair(name):
@@ -75,13 +79,14 @@ def test_greedy_decode_agrees_with_hf_generate(name):
     assert torch.equal(ours.generate(prompt, 16, temperature=0, use_cache=False), cached)
 
 
-@pytest.mark.parametrize("name", ["gpt2-untied-relu", "llama-gqa-untied", "llama-mha-tied-bias"])
+@pytest.mark.parametrize("name", ["gpt2-untied-relu", "llama-gqa-untied", "llama-mha-tied-bias", "neox-parallel",
+                                  "neox-sequential-half", "qwen2-gqa", "gemma-mqa-wide-heads", "mistral-window-5"])
 def test_hf_directory_round_trip(name, tmp_path):
     hf, ours = _pair(name)
     out = save_hf_dir(ours, tmp_path / "model")
-    assert json.loads((out / "config.json").read_text())["model_type"] in ("gpt2", "llama")
-    cls = GPT2LMHeadModel if name.startswith("gpt2") else LlamaForCausalLM
-    reloaded_hf = cls.from_pretrained(out, attn_implementation="eager").eval()
+    model_type = json.loads((out / "config.json").read_text())["model_type"]
+    assert model_type == hf.config.model_type
+    reloaded_hf = HF_CLASSES[model_type].from_pretrained(out, attn_implementation="eager").eval()
     back = load_hf_dir(out)
     idx = torch.randint(0, V, (1, 30))
     with torch.no_grad():
