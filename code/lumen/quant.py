@@ -6,7 +6,7 @@ q in 0..15 (two to a byte): w = d q + m. A decoded token reads every weight once
 weight bound its speed: ~1.1 here (4-bit codes kept one to a byte, plus the block's numbers) against
 4 for float32. For one input row x, a product regroups per block, so no weight is ever materialised:
 
-    y_o = sum over blocks b of  d_ob (sum_j q_obj x_bj)  +  m_ob (sum_j x_bj)
+    y_o = sum over blocks b and their j of  q_obj (d_ob x_bj)  +  sum over b of  m_ob (sum_j x_bj)
 
 which torch.compile turns into fused loops over the codes. Many rows (a prompt) are cheaper with the
 weight dequantized once per product and a matrix product.
@@ -53,10 +53,12 @@ class Blocks(nn.Module):
         return w.reshape(out, n)
 
     def row_product(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ w.T for one row x (..., in), computed from the blocks (see the module docstring)."""
+        """x @ w.T for one row x (..., in), computed from the blocks (see the module docstring). The scale
+        multiplies x inside one sum over all of a row's codes (one long reduction per output, which the
+        compiler vectorises; a sum per block would end every 32 numbers in a horizontal add)."""
         out, n = self.codes.shape
         xb = x.float().reshape(n // BLOCK, BLOCK)
-        y = ((self.codes.view(out, n // BLOCK, BLOCK).float() * xb).sum(-1) * self.scale).sum(-1)
+        y = (self.codes.view(out, n // BLOCK, BLOCK).float() * (self.scale[..., None] * xb)).sum((-2, -1))
         if self.minimum is not None:
             y = y + (self.minimum * xb.sum(-1)).sum(-1)
         return y.reshape(*x.shape[:-1], out)
