@@ -58,3 +58,19 @@ def test_tuned_steps_pass_through_and_restore_threads():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_first_step_at_a_new_count_is_not_counted():
+    """torch.compile compiles again at a thread count it has not run with: that step's time says nothing."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        tuner = ThreadTuner(most=2, skip=0)
+        firsts = {1: True}
+        for _ in range(20):
+            n = torch.get_num_threads()
+            slow_first = n == 1 and firsts.pop(1, False)
+            tuner.record(30.0 if slow_first else {2: 0.5, 1: 0.2}[n])
+        assert tuner.chosen == 1
+    finally:
+        torch.set_num_threads(before)
