@@ -145,8 +145,9 @@ class GPT(nn.Module):
         Shapes are static (one graph per input shape, so a KV cache keeps every slot and takes the
         position as a tensor): decoding one token at a time compiles once. Eager decoding spends
         several milliseconds per token launching ~500 small operations; compiled, the norms,
-        rotations and attention become a few fused kernels around the matrix products (and, with
-        packed CPU weights, a one-token step's products are fused loops too: `lumen.packing`). The
+        rotations and attention become a few fused kernels around the matrix products (and, with the
+        FastLinear layers `formats.load` makes, a one-token step's products are fused loops too:
+        `lumen.packing`). The
         weights stay inputs of the graph, so changing them needs no recompile."""
         if "_compiled" not in self.__dict__:  # a plain attribute, not a registered submodule
             self.__dict__["_compiled"] = torch.compile(self, dynamic=False, options=COMPILE_OPTIONS)
