@@ -74,3 +74,25 @@ def test_the_first_step_at_a_new_count_is_not_counted():
         assert tuner.chosen == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_run_with_threads_0_tunes_and_restores(monkeypatch):
+    """`threads = 0` (the default) hands the loop's step times to a ThreadTuner; the run ends with torch's
+    thread count as it found it."""
+    from lumen.data import prepare
+    from lumen.train import load_config, loop, train
+
+    seen = []
+
+    class Recording(ThreadTuner):
+        def record(self, seconds: float) -> None:
+            seen.append(seconds)
+            super().record(seconds)
+
+    monkeypatch.setattr(loop, "ThreadTuner", Recording)
+    before = torch.get_num_threads()
+    cfg, model_cfg = load_config(preset="tiny", sets=["progress=false", "save=false", "threads=0", "steps=12",
+                                                      "sample_tokens=0"])
+    result = train(cfg, model_cfg, data=prepare("shakespeare", "char"))
+    assert result.steps == 12 and len(seen) == 12 and all(s > 0 for s in seen)
+    assert torch.get_num_threads() == before
