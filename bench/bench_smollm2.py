@@ -57,7 +57,7 @@ def timed(fns: dict, repeats: int) -> dict[str, tuple[float, float, float]]:
 
 
 def weights_mib(model: torch.nn.Module) -> float:
-    """Parameters (a tied matrix once) plus lumen's oneDNN-packed copies of them, in MiB."""
+    """Parameters (a tied matrix once; inside packing.packed, the packed weights instead), in MiB."""
     seen, total = set(), 0
     for p in model.parameters():
         if p.data_ptr() not in seen:
@@ -95,7 +95,10 @@ def bench(dtype: torch.dtype, n_prefill: int, n_decode: int, repeats: int) -> di
     eos = tok.eos_id
 
     def lumen_decode(compile: bool = False):
-        return model.generate(short, n_decode, temperature=0, compile=compile)
+        from lumen.packing import packed
+
+        with contextlib.nullcontext() if compile else packed(model):  # as `lumen generate` decodes
+            return model.generate(short, n_decode, temperature=0, compile=compile)
 
     t = time.perf_counter()
     lumen_decode(compile=True), model.compiled()(prompt)  # compiles the one-token step and the prefill

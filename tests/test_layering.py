@@ -16,16 +16,19 @@ CORE = {"config", "block", "attention", "model", "accounting", "errors", "files"
 # what may be imported by each layer above the core (the core itself is open to everyone)
 ALLOWED = {
     "packing": set(),
+    "quant": set(),
+    "threads": set(),
     "tokenizers": set(),
     "fetch": set(),
     "evaluate": set(),
-    "formats": {"tokenizers", "fetch", "packing"},
+    "formats": {"tokenizers", "fetch", "packing", "quant"},
     "data": {"tokenizers", "fetch", "formats"},
     "report": {"inspect", "tokenizers"},
-    "train": {"tokenizers", "data", "formats"},
+    "train": {"tokenizers", "data", "formats", "threads"},
     "inspect": {"tokenizers", "data", "evaluate", "formats"},
     "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report"},
-    "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments"},
+    "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments",
+            "packing", "threads"},
     "__main__": {"cli"},
 }
 

@@ -72,7 +72,7 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
                                                                   cpp_compiler):
     """The real Q4_1 file (Q8_0 embedding, tied unembedding): logits within float32 rounding of the float32
     model dequantized by formats.gguf, and the same greedy tokens, eager and compiled, on three prompts."""
-    from lumen.quant import load_gguf_quantized
+    from lumen.formats.gguf import load_gguf_quantized
 
     model, tok = load_gguf_quantized(smollm2_gguf)
     assert isinstance(model.lm_head, QuantLinear) and model.lm_head.blocks is model.tok_emb.blocks
@@ -85,3 +85,14 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
             want = smollm2.generate(ids, 16, temperature=0)
             assert torch.equal(model.generate(ids, 16, temperature=0), want)
             assert torch.equal(model.generate(ids, 16, temperature=0, compile=True), want)
+
+
+def test_weights_gguf_needs_a_gguf_file_and_float32(tmp_path, capsys):
+    from lumen.cli import main
+
+    assert main(["generate", str(tmp_path), "--weights", "gguf", "--prompt", "x"]) == 2
+    assert "--weights gguf needs a GGUF model" in capsys.readouterr().err
+    assert main(["generate", str(tmp_path / "m.gguf"), "--weights", "gguf", "--prompt", "x"]) == 2
+    assert "no GGUF file" in capsys.readouterr().err
+    assert main(["generate", "smollm2", "--weights", "gguf", "--dtype", "bfloat16", "--prompt", "x"]) == 2
+    assert "drop --dtype" in capsys.readouterr().err

@@ -58,3 +58,41 @@ def test_tuned_steps_pass_through_and_restore_threads():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_first_step_at_a_new_count_is_not_counted():
+    """torch.compile compiles again at a thread count it has not run with: that step's time says nothing."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        tuner = ThreadTuner(most=2, skip=0)
+        firsts = {1: True}
+        for _ in range(20):
+            n = torch.get_num_threads()
+            slow_first = n == 1 and firsts.pop(1, False)
+            tuner.record(30.0 if slow_first else {2: 0.5, 1: 0.2}[n])
+        assert tuner.chosen == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_run_with_threads_0_tunes_and_restores(monkeypatch):
+    """`threads = 0` (the default) hands the loop's step times to a ThreadTuner; the run ends with torch's
+    thread count as it found it."""
+    from lumen.data import prepare
+    from lumen.train import load_config, loop, train
+
+    seen = []
+
+    class Recording(ThreadTuner):
+        def record(self, seconds: float) -> None:
+            seen.append(seconds)
+            super().record(seconds)
+
+    monkeypatch.setattr(loop, "ThreadTuner", Recording)
+    before = torch.get_num_threads()
+    cfg, model_cfg = load_config(preset="tiny", sets=["progress=false", "save=false", "threads=0", "steps=12",
+                                                      "sample_tokens=0"])
+    result = train(cfg, model_cfg, data=prepare("shakespeare", "char"))
+    assert result.steps == 12 and len(seen) == 12 and all(s > 0 for s in seen)
+    assert torch.get_num_threads() == before

@@ -138,10 +138,15 @@ class GPT(nn.Module):
         )
         if cfg.tie_embeddings:
             model.lm_head.weight = model.tok_emb.weight
-        for m in model.modules():
-            if m is not model and hasattr(m, "reset_buffers"):
-                m.reset_buffers(model.tok_emb.weight.device)  # type: ignore[operator]  # torch's stub: Tensor | Module
+        model.reset_buffers(model.tok_emb.weight.device)
         return model.eval()
+
+    def reset_buffers(self, device: torch.device | str) -> None:
+        """Compute the buffers that follow from the shape (RoPE's tables) on `device`: a model built on the
+        meta device has none until then."""
+        for m in self.modules():
+            if m is not self and hasattr(m, "reset_buffers"):
+                m.reset_buffers(device)  # type: ignore[operator]  # torch's stub: Tensor | Module
 
     @classmethod
     def from_preset(cls, name: str, **changes: object) -> GPT:
@@ -243,8 +248,9 @@ class GPT(nn.Module):
         Shapes are static (one graph per input shape, so a KV cache keeps every slot and takes the
         position as a tensor): decoding one token at a time compiles once. Eager decoding spends
         much of each token launching hundreds of small operations; compiled, the norms,
-        rotations and attention become a few fused kernels around the matrix products (and, with
-        packed CPU weights, a one-token step's products are fused loops too: `lumen.packing`). The
+        rotations and attention become a few fused kernels around the matrix products (and, with the
+        FastLinear layers `formats.load` makes, a one-token step's products are fused loops too:
+        `lumen.packing`). The
         weights stay inputs of the graph, so changing them needs no recompile."""
         if "_compiled" not in self.__dict__:  # a plain attribute, not a registered submodule
             self.__dict__["_compiled"] = torch.compile(self, dynamic=False, options=COMPILE_OPTIONS)

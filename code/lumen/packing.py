@@ -126,8 +126,8 @@ def plain_linears(model: nn.Module) -> int:
 
 @contextlib.contextmanager
 def packed(model: nn.Module) -> Iterator[int]:
-    """While inside, the FastLinear weights of a (CPU, inference) model live only in oneDNN's layout: eager
-    one-row products 1.3x (float32) to several times (bfloat16) faster. Yields how many were packed; a
+    """While inside, the FastLinear weights of a (CPU, inference) model live only in oneDNN's layout: faster
+    eager one-row products (README: Speed). Yields how many were packed; a
     model that cannot pack (other device or dtype) runs as it is. Weights shared with another layer stay
     plain. Not for training or compiling inside."""
     if not can_pack(model):

@@ -56,12 +56,17 @@ class ThreadTuner:
         self.recent: list[float] = []
         self.since = 0
         self.trying: list[int] = []
+        self.used = {torch.get_num_threads()}
+        self.fresh = False  # the next step is the first at a new count: it recompiles, not counted
         if len(self.choices) > 1:
             self._start_trial()
 
-    @property
-    def threads(self) -> int:
-        return torch.get_num_threads()
+    def _set(self, n: int) -> None:
+        """torch.compile guards on the thread count: the first step at a new count compiles again."""
+        if n not in self.used:
+            self.used.add(n)
+            self.fresh = True
+        torch.set_num_threads(n)
 
     def record(self, seconds: float) -> None:
         """One step took `seconds`; may set torch's thread count for the next steps."""
@@ -69,6 +74,9 @@ class ThreadTuner:
             self.skip -= 1
             return
         if len(self.choices) == 1:
+            return
+        if self.fresh:
+            self.fresh = False
             return
         if self.trying:
             self._trial_step(seconds)
@@ -85,7 +93,7 @@ class ThreadTuner:
         # the recent steps already measured the count in use: try the others
         self.times = {self.chosen: list(self.recent)} if self.recent else {}
         self.trying = [n for n in self.choices if n not in self.times]
-        torch.set_num_threads(self.trying[0])
+        self._set(self.trying[0])
 
     def _trial_step(self, seconds: float) -> None:
         n = self.trying[0]
@@ -96,13 +104,13 @@ class ThreadTuner:
             return
         self.trying.pop(0)
         if self.trying:
-            torch.set_num_threads(self.trying[0])
+            self._set(self.trying[0])
             return
         medians = {k: statistics.median(t) for k, t in self.times.items()}
         self.chosen = min(medians, key=medians.__getitem__)
         self.reference = medians[self.chosen]
         self.recent, self.since = [], 0
-        torch.set_num_threads(self.chosen)
+        self._set(self.chosen)
 
 
 def tuned(steps: Iterable[T], tuner: ThreadTuner | None = None) -> Iterator[T]:

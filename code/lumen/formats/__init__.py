@@ -59,7 +59,7 @@ def load(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = tor
     if weights == "gguf":
         if dtype != torch.float32:
             raise UserError("--weights gguf computes in float32 from the file's blocks (drop --dtype)")
-        from ..quant import load_gguf_quantized
+        from .gguf import load_gguf_quantized
 
         model, tok = load_gguf_quantized(_gguf_path(spec))
         return Loaded(model.to(device), tok, spec)

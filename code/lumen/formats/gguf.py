@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn as nn
 
 from ..config import ModelConfig
 from ..errors import ConfigError, MissingFileError, ModelFileError
 from ..model import GPT
+from ..quant import Blocks, QuantEmbedding, QuantLinear, blocks_from_gguf
 from ..tokenizers import HFTokenizer
 
 # GGUF tensor name (inside block i) -> lumen parameter name
@@ -453,3 +455,55 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     cfg, state, tok = read_gguf(path)
     model = GPT.from_state(cfg, state, source=Path(path).name)
     return model.to(device=device, dtype=dtype).eval(), tok
+
+
+# ---------------------------------------------------------------------------------------------
+# the quantized matrices kept as the file's blocks (lumen.quant)
+def load_gguf_quantized(path: str | Path):
+    """A lumen GPT (eval, float32 activations) whose Q8_0/Q4_1 matrices stay as the file's blocks, and its
+    tokenizer. Tensors of other types (norms: F32) are read as `formats.gguf` reads them."""
+    reader = open_gguf(path)
+    meta = metadata(reader)
+    cfg = config_from_gguf(meta, {t.name for t in reader.tensors},
+                                name=str(meta.get("general.name") or Path(path).stem))
+    with torch.device("meta"):
+        model = GPT(cfg)
+    modules = dict(model.named_modules())
+    state: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name = _lumen_name(t.name)
+        if name is None:
+            raise GGUFError(f"tensor {t.name} has no place in lumen's Llama model; this variant is not supported")
+        owner = modules.get(name.rsplit(".", 1)[0])
+        blocks = blocks_from_gguf(t) if isinstance(owner, (nn.Linear, nn.Embedding)) else None
+        if blocks is None:
+            state[name] = torch.from_numpy(dequantize(t))
+            if name.endswith(("attn.q.weight", "attn.k.weight")):
+                heads = cfg.n_heads if name.endswith("q.weight") else cfg.kv_heads
+                state[name] = unpermute(state[name], heads)
+            continue
+        if name.endswith(("attn.q.weight", "attn.k.weight")):  # whole rows move: the blocks stay intact
+            heads = cfg.n_heads if name.endswith("q.weight") else cfg.kv_heads
+            for key in ("codes", "scale", "minimum"):
+                if getattr(blocks, key) is not None:
+                    setattr(blocks, key, unpermute(getattr(blocks, key), heads))
+        _replace_with_blocks(model, name.rsplit(".", 1)[0], blocks)
+    if cfg.tie_embeddings and isinstance(model.tok_emb, QuantEmbedding):
+        # the same blocks, read as the unembedding (a QuantLinear computes as the Linear it stands for)
+        model.lm_head = QuantLinear(model.tok_emb.blocks)  # type: ignore[assignment]
+    elif cfg.tie_embeddings and "tok_emb.weight" in state:
+        state["lm_head.weight"] = state["tok_emb.weight"]
+    model.load_state_dict(state, strict=False, assign=True)
+    model.reset_buffers("cpu")
+    left = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
+    if left:
+        raise GGUFError(f"{Path(path).name} lacks tensors for {left[:3]}; the file is incomplete "
+                             "or not a Llama model")
+    return model.eval(), tokenizer_from_gguf(meta)
+
+
+def _replace_with_blocks(model: nn.Module, path: str, blocks: Blocks) -> None:
+    parent_name, _, child = path.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    old = getattr(parent, child)
+    setattr(parent, child, QuantEmbedding(blocks) if isinstance(old, nn.Embedding) else QuantLinear(blocks))
