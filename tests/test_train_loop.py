@@ -114,7 +114,7 @@ def test_a_run_that_cannot_start_leaves_the_process_as_it_was(data, cpp_compiler
     """A run sets torch's threads (tiny: 1) and, compiled, deterministic mode; a failed start undoes both."""
     threads = torch.get_num_threads()
     with pytest.raises(ValueError, match="fewer than one context window"):
-        train(*tiny(None, "compile=true", "model.context=100000000"), data=data)
+        train(*tiny(None, "compile=true", "model.context=1000000"), data=data)
     assert torch.get_num_threads() == threads and not torch.are_deterministic_algorithms_enabled()
 
 
