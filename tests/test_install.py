@@ -53,4 +53,4 @@ def test_a_plain_install_runs_every_command(tmp_path, smollm2_gguf):
     assert "Paris" in out
     lens = json.loads(_sh([str(lumen), "lens", "smollm2", "--prompt", "The capital of France is", "--json"], tmp_path))
     final = lens["logit lens"]["layers"][-1]  # the last layer's lens is the model's own output
-    assert final["layer"] == 30 and final["top"][-1][0][0] == " Paris"
+    assert final["after"] == "block 29" and final["top"][-1][0][0] == " Paris"
