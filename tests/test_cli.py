@@ -20,24 +20,15 @@ import lumen
 from lumen import GPT, ModelConfig
 from lumen.cli import build_parser, main
 from lumen.formats.checkpoint import save_checkpoint
-from lumen.tokenizers import CharTokenizer
+from test_inspect_cli import TEXT, tiny_run
 
-TEXT = ("ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
-        "Arise, fair sun, and kill the envious moon,\nWho is already sick and pale with grief.\n") * 6
 CODE = Path(__file__).resolve().parents[1] / "code"
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A tiny lumen run (3 blocks, context 64, characters), a corpus folder, and bad files of every kind."""
-    root = tmp_path_factory.mktemp("cli")
-    tok = CharTokenizer.from_text(TEXT)
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tok.vocab_size, context=64, d_model=32, n_layers=3, n_heads=4, name="tiny-run")
-    save_checkpoint(root / "run", GPT(cfg), tokenizer=tok)
-    (root / "corpus").mkdir()
-    (root / "corpus" / "a.txt").write_text(TEXT)
-    (root / "corpus" / "b.txt").write_text(TEXT[::-1])
+    root = tiny_run(tmp_path_factory.mktemp("cli"))
     (root / "text.txt").write_text(TEXT)
     (root / "empty.txt").write_text("")
     (root / "binary.dat").write_bytes(bytes(range(256)) * 4)

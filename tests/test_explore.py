@@ -14,7 +14,6 @@ import urllib.request
 import pytest
 import torch
 
-from lumen import GPT, ModelConfig
 from lumen.errors import UserError
 from lumen.inspect import TunedLens, logit_lens, run_with_cache
 from lumen.inspect.attribution import attribute
@@ -22,7 +21,7 @@ from lumen.report.explore import explore_data, explore_page
 from lumen.report.figures import visible
 from lumen.report.html import colour
 from lumen.report.serve import make_server
-from lumen.tokenizers import CharTokenizer
+from test_report import peaked_tiny_model
 
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n"
 PROMPT = "To be, or not to"
@@ -32,15 +31,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 @pytest.fixture(scope="module")
 def subject():
-    tok = CharTokenizer.from_text(TEXT)
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tok.vocab_size, context=64, d_model=32, n_layers=3, n_heads=4, name="tiny")
-    model = GPT(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(8.0)  # peaked predictions and patterns: a page with contrast
-    return model, tok
+    return peaked_tiny_model(TEXT)
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,11 @@ TEXT = ("ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the e
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A small lumen checkpoint with a character tokenizer, and a corpus folder of two texts."""
-    root = tmp_path_factory.mktemp("inspect_cli")
+    return tiny_run(tmp_path_factory.mktemp("inspect_cli"))
+
+
+def tiny_run(root):
+    """A small lumen checkpoint with a character tokenizer (root/run), and a corpus folder of two texts."""
     tok = CharTokenizer.from_text(TEXT)
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=tok.vocab_size, context=64, d_model=32, n_layers=3, n_heads=4, name="tiny-run")

@@ -22,15 +22,22 @@ PROMPT = "To be, or not to be"
 
 @pytest.fixture(scope="module")
 def result():
-    tok = CharTokenizer.from_text(TEXT)
+    model, tok = peaked_tiny_model(TEXT)
+    return model, tok, logit_lens(model, tok.encode(PROMPT), k=4, tokenizer=tok)
+
+
+def peaked_tiny_model(text: str) -> tuple[GPT, CharTokenizer]:
+    """A random 3-block character model with weights scaled up: peaked predictions and attention patterns,
+    so a grid or a page has both light and dark cells."""
+    tok = CharTokenizer.from_text(text)
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=tok.vocab_size, context=64, d_model=32, n_layers=3, n_heads=4, name="tiny")
     model = GPT(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
-                p.mul_(8.0)  # peaked predictions, so the grid has both light and dark cells
-    return model, tok, logit_lens(model, tok.encode(PROMPT), k=4, tokenizer=tok)
+                p.mul_(8.0)
+    return model, tok
 
 
 def test_figures_are_drawn(tmp_path, result):
