@@ -46,6 +46,7 @@ from lumen.formats.hf import save_hf_dir
 from lumen.inspect.tuned_lens import TunedLens
 from lumen.model import GPT
 from lumen.tokenizers import CharTokenizer
+from test_gguf import GGUF_NAMES, gguf_tensors
 
 pytestmark = pytest.mark.fuzz
 logging.getLogger("gguf").setLevel(logging.ERROR)
@@ -90,17 +91,6 @@ def tiny_gpt2(seed: int = 0) -> tuple[GPT, CharTokenizer]:
 
 # ---------------------------------------------------------------------------------------------
 # writing a GGUF file, with any metadata or tensor replaced
-GGUF_NAMES = {"ln1.g": "attn_norm.weight", "attn.q.weight": "attn_q.weight", "attn.k.weight": "attn_k.weight",
-              "attn.v.weight": "attn_v.weight", "attn.out.weight": "attn_output.weight", "ln2.g": "ffn_norm.weight",
-              "mlp.w_gate.weight": "ffn_gate.weight", "mlp.w_up.weight": "ffn_up.weight",
-              "mlp.w_down.weight": "ffn_down.weight"}
-
-
-def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    out, d_in = w.shape
-    return w.reshape(n_heads, 2, out // n_heads // 2, d_in).swapaxes(1, 2).reshape(out, d_in)
-
-
 def gguf_meta(cfg: ModelConfig) -> dict[str, tuple]:
     a = "llama."
     return {
@@ -116,21 +106,6 @@ def gguf_meta(cfg: ModelConfig) -> dict[str, tuple]:
         "tokenizer.ggml.bos_token_id": (1, V.UINT32), "tokenizer.ggml.eos_token_id": (2, V.UINT32),
         "tokenizer.chat_template": ("{% for m in messages %}{{ m['content'] }}{% endfor %}", V.STRING),
     }
-
-
-def gguf_tensors(model: GPT) -> dict[str, np.ndarray]:
-    cfg = model.cfg
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    out = {"token_embd.weight": sd["tok_emb.weight"], "output_norm.weight": sd["ln_f.g"]}
-    if not cfg.tie_embeddings:
-        out["output.weight"] = sd["lm_head.weight"]
-    for i in range(cfg.n_layers):
-        for ours, theirs in GGUF_NAMES.items():
-            t = sd[f"blocks.{i}.{ours}"]
-            if ours in ("attn.q.weight", "attn.k.weight"):
-                t = llama_cpp_permute(t, cfg.n_heads if ours == "attn.q.weight" else cfg.kv_heads)
-            out[f"blk.{i}.{theirs}"] = t
-    return out
 
 
 def write_gguf(path: Path, model: GPT, meta: dict | None = None, tensors: dict | None = None,

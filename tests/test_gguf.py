@@ -60,6 +60,22 @@ GGUF_NAMES = {"ln1.g": "attn_norm.weight", "attn.q.weight": "attn_q.weight", "at
               "mlp.w_down.weight": "ffn_down.weight"}
 
 
+def gguf_tensors(model: GPT) -> dict[str, np.ndarray]:
+    """A lumen model's weights as llama.cpp's converter writes them: GGUF names, W_Q/W_K rows permuted."""
+    cfg = model.cfg
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    out = {"token_embd.weight": sd["tok_emb.weight"], "output_norm.weight": sd["ln_f.g"]}
+    if not cfg.tie_embeddings:
+        out["output.weight"] = sd["lm_head.weight"]
+    for i in range(cfg.n_layers):
+        for ours, theirs in GGUF_NAMES.items():
+            t = sd[f"blocks.{i}.{ours}"]
+            if ours in ("attn.q.weight", "attn.k.weight"):
+                t = llama_cpp_permute(t, cfg.n_heads if ours == "attn.q.weight" else cfg.kv_heads)
+            out[f"blk.{i}.{theirs}"] = t
+    return out
+
+
 def write_gguf(path, model: GPT, types: dict[str, Q] | None = None, arch: str = "llama", pre: str = "smollm",
                extra: dict[str, np.ndarray] | None = None) -> None:
     """model as a llama.cpp GGUF file; `types` picks a quantization per GGUF tensor name (default F32);
@@ -85,18 +101,7 @@ def write_gguf(path, model: GPT, types: dict[str, Q] | None = None, arch: str = 
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    tensors = {"token_embd.weight": sd["tok_emb.weight"], "output_norm.weight": sd["ln_f.g"]}
-    if not cfg.tie_embeddings:
-        tensors["output.weight"] = sd["lm_head.weight"]
-    for i in range(cfg.n_layers):
-        for ours, theirs in GGUF_NAMES.items():
-            t = sd[f"blocks.{i}.{ours}"]
-            if ours == "attn.q.weight":
-                t = llama_cpp_permute(t, cfg.n_heads)
-            elif ours == "attn.k.weight":
-                t = llama_cpp_permute(t, cfg.kv_heads)
-            tensors[f"blk.{i}.{theirs}"] = t
+    tensors = gguf_tensors(model)
     tensors.update(extra or {})
     for name, t in tensors.items():
         kind = types.get(name, Q.F32)
