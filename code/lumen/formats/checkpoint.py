@@ -141,17 +141,6 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT,
     return model, tok
 
 
-def load_weights(model: GPT, state: dict[str, torch.Tensor], where: Path | str = "checkpoint") -> None:
-    """Copy stored weights into an existing model in place (a resumed run's optimizer holds its
-    parameters); a tied unembedding follows the embedding. Checked as `GPT.from_state` checks."""
-    raw = unwrap(model)
-    assert isinstance(raw, GPT)
-    checked = GPT.from_state(raw.cfg, state, source=str(where), dtype=None)
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            t.copy_(checked.state_dict()[name])
-
-
 def save_checkpoint(
     path: str | Path,
     model: nn.Module,
