@@ -325,12 +325,18 @@ def state_from_gguf(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         name = _lumen_name(t.name)
         assert name is not None  # check_tensors has placed every tensor
         w = torch.from_numpy(dequantize(t))
-        if name.endswith("attn.q.weight"):
-            w = unpermute(w, cfg.n_heads)
-        elif name.endswith("attn.k.weight"):
-            w = unpermute(w, cfg.kv_heads)
-        state[name] = w
+        heads = _permuted_heads(name, cfg)
+        state[name] = unpermute(w, heads) if heads else w
     return state
+
+
+def _permuted_heads(name: str, cfg: ModelConfig) -> int | None:
+    """How many heads llama.cpp's converter interleaved this tensor's rows by (W_Q, W_K), else None."""
+    if name.endswith("attn.q.weight"):
+        return cfg.n_heads
+    if name.endswith("attn.k.weight"):
+        return cfg.kv_heads
+    return None
 
 
 def check_tensors(reader, cfg: ModelConfig) -> None:
@@ -466,24 +472,22 @@ def load_gguf_quantized(path: str | Path):
     meta = metadata(reader)
     cfg = config_from_gguf(meta, {t.name for t in reader.tensors},
                                 name=str(meta.get("general.name") or Path(path).stem))
+    check_tensors(reader, cfg)  # the same checks as the float path, before anything is built
     with torch.device("meta"):
         model = GPT(cfg)
     modules = dict(model.named_modules())
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         name = _lumen_name(t.name)
-        if name is None:
-            raise GGUFError(f"tensor {t.name} has no place in lumen's Llama model; this variant is not supported")
+        assert name is not None  # check_tensors has placed every tensor
         owner = modules.get(name.rsplit(".", 1)[0])
         blocks = blocks_from_gguf(t) if isinstance(owner, (nn.Linear, nn.Embedding)) else None
+        heads = _permuted_heads(name, cfg)
         if blocks is None:
-            state[name] = torch.from_numpy(dequantize(t))
-            if name.endswith(("attn.q.weight", "attn.k.weight")):
-                heads = cfg.n_heads if name.endswith("q.weight") else cfg.kv_heads
-                state[name] = unpermute(state[name], heads)
+            w = torch.from_numpy(dequantize(t))
+            state[name] = unpermute(w, heads) if heads else w
             continue
-        if name.endswith(("attn.q.weight", "attn.k.weight")):  # whole rows move: the blocks stay intact
-            heads = cfg.n_heads if name.endswith("q.weight") else cfg.kv_heads
+        if heads:  # whole rows move: the blocks stay intact
             for key in ("codes", "scale", "minimum"):
                 if getattr(blocks, key) is not None:
                     setattr(blocks, key, unpermute(getattr(blocks, key), heads))
