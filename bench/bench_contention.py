@@ -86,10 +86,14 @@ def measure(name: str, step, per_step: int, args: argparse.Namespace) -> None:
 
     cores = os.cpu_count() or 1
     all_threads = torch.get_num_threads()
-    for _ in range(3):  # compile, warm caches
-        step()
-    settings = sorted({0, 1, 2, cores})
     tuner = ThreadTuner(most=all_threads, skip=0)  # one tuner for the whole run, as in a long run
+    for n in tuner.choices:  # compile (once per thread count: torch.compile guards on it), warm caches
+        torch.set_num_threads(n)
+        for _ in range(3):
+            step()
+    tuner.used.update(tuner.choices)  # so its first step at each count is counted like any other
+    torch.set_num_threads(all_threads)
+    settings = sorted({0, 1, 2, cores})
     speeds: dict[tuple[int, str], list[float]] = {}
     for r in range(args.rounds):
         loads = []

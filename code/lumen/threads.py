@@ -43,13 +43,18 @@ class ThreadTuner:
     first step is already `slack` times slower than the best so far is dropped at once, so a trial costs
     little when one count is far off), keeps the fastest, and tries again when the steps grow `slack` times
     slower or faster than when it chose (other work started or stopped), or after `every` steps. The steps
-    tried are real steps: only their speed differs."""
+    tried are real steps: only their speed differs.
+
+    Steps shorter than `sample` seconds (a decoded token takes milliseconds) are timed in groups that last
+    at least that long: one short step's time is mostly the scheduler's noise on a busy machine, and a tuner
+    that reacts to noise spends its time trying counts. "Step" below means such a group."""
 
     def __init__(self, most: int | None = None, every: int = 200, trial_steps: int = 3, slack: float = 1.5,
-                 skip: int = 2):
+                 skip: int = 2, sample: float = 0.2):
         self.choices = thread_choices(most or torch.get_num_threads())
-        self.every, self.trial_steps, self.slack = every, trial_steps, slack
+        self.every, self.trial_steps, self.slack, self.sample = every, trial_steps, slack, sample
         self.skip = skip  # the first steps compile or warm caches: not counted
+        self.group: list[float] = []  # short steps waiting to make one sample
         self.times: dict[int, list[float]] = {}
         self.chosen: int = self.choices[0]
         self.reference = float("inf")  # the chosen count's step time when chosen
@@ -66,6 +71,7 @@ class ThreadTuner:
         if n not in self.used:
             self.used.add(n)
             self.fresh = True
+        self.group = []  # a sample measures one count
         torch.set_num_threads(n)
 
     def record(self, seconds: float) -> None:
@@ -78,6 +84,11 @@ class ThreadTuner:
         if self.fresh:
             self.fresh = False
             return
+        self.group.append(seconds)
+        if sum(self.group) < self.sample:
+            return
+        seconds = statistics.fmean(self.group)  # the mean step of the group
+        self.group = []
         if self.trying:
             self._trial_step(seconds)
             return
