@@ -55,6 +55,23 @@ def test_quantized_products_equal_the_dequantized_reference(qtype, cpp_compiler)
             torch.testing.assert_close(y.double(), want[:1, :1], rtol=1e-5, atol=1e-4)
 
 
+def test_products_by_slabs_of_rows(monkeypatch):
+    """Eagerly (and for many rows) the weight is dequantized a slab of rows at a time: uneven slabs give
+    the same product as the whole matrix."""
+    from lumen import quant
+
+    tensor, reference = quantized_tensor(Q.Q4_1, out=100, seed=3)
+    layer = QuantLinear(blocks_from_gguf(tensor))
+    x = torch.randn(2, 4, 160)
+    whole = layer(x)
+    monkeypatch.setattr(quant, "SLAB", 32)  # 32 + 32 + 32 + 4 rows
+    sliced = layer(x)
+    assert sliced.shape == whole.shape  # (another matrix shape may sum in another order: rounding only)
+    torch.testing.assert_close(sliced, whole, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(layer(x[:1, :1]), whole[:1, :1], rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(whole.double(), F.linear(x.double(), reference.double()), rtol=1e-5, atol=1e-4)
+
+
 def test_quantized_embedding_rows():
     tensor, reference = quantized_tensor(Q.Q8_0, out=50, n=64, seed=2)
     emb = QuantEmbedding(blocks_from_gguf(tensor))

@@ -2,14 +2,16 @@
 
 llama.cpp stores a weight row in blocks of 32 numbers. A Q8_0 block is a scale d (float16) and 32
 signed 8-bit codes q: w = d q. A Q4_1 block is a scale d, a minimum m (float16) and 32 4-bit codes
-q in 0..15 (two to a byte): w = d q + m. A decoded token reads every weight once, so the bytes per
-weight bound its speed: ~1.1 here (4-bit codes kept one to a byte, plus the block's numbers) against
-4 for float32. For one input row x, a product regroups per block, so no weight is ever materialised:
+q in 0..15 (two to a byte): w = d q + m. A decoded token reads every weight once: ~1.25 bytes per
+weight here (4-bit codes kept one to a byte, plus the block's numbers in float32) against 4 for
+float32. For one input row x, a product regroups per block, so no weight is ever materialised:
 
     y_o = sum over blocks b and their j of  q_obj (d_ob x_bj)  +  sum over b of  m_ob (sum_j x_bj)
 
-which torch.compile turns into fused loops over the codes. Many rows (a prompt) are cheaper with the
-weight dequantized once per product and a matrix product.
+which torch.compile turns into fused loops over the codes. (Measured on one core: these loops are
+bound by their arithmetic, a conversion and two products per weight, not by the bytes they read;
+llama.cpp instead rounds x to 8 bits and multiplies integers.) Many rows (a prompt), and any
+product run eagerly, dequantize a slab of rows at a time for a matrix product.
 
     >>> model, tok = formats.gguf.load_gguf_quantized(fetch("smollm2"))   # doctest: +SKIP
     >>> model.generate(ids, 64, temperature=0, compile=True)      # doctest: +SKIP
@@ -26,6 +28,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 BLOCK = 32  # numbers per block, for both types
+SLAB = 4096  # rows dequantized at a time for a product of many rows
+
+
+@torch.library.custom_op("lumen::stored", mutates_args=())
+def stored(x: torch.Tensor) -> torch.Tensor:
+    """x, written out to memory. A product of one row reads each input number once per output row, and
+    torch.compile folds a cheap producer into the loop that reads it: the final norm before the
+    unembedding would be computed again for each of its 49,152 rows (measured: 10 ms of a 30 ms token).
+    The Q4_1 product reads x twice (its codes and its block sums), which makes the compiler store it; a
+    Q8_0 product reads it once, so it goes through this op, which the compiler cannot look into."""
+    return x.clone()
+
+
+@stored.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 class Blocks(nn.Module):
@@ -47,12 +65,13 @@ class Blocks(nn.Module):
         out, n = self.codes.shape
         return out, n
 
-    def dequantized(self) -> torch.Tensor:
-        """The float32 matrix w = d q (+ m), as llama.cpp (and the gguf package) compute it."""
-        out, n = self.codes.shape
-        w = self.codes.view(out, n // BLOCK, BLOCK).float() * self.scale[..., None]
+    def dequantized(self, rows: slice = slice(None)) -> torch.Tensor:
+        """The float32 matrix w = d q (+ m), as llama.cpp (and the gguf package) compute it (those rows)."""
+        codes = self.codes[rows]
+        out, n = codes.shape
+        w = codes.view(out, n // BLOCK, BLOCK).float() * self.scale[rows, :, None]
         if self.minimum is not None:
-            w = w + self.minimum[..., None]
+            w = w + self.minimum[rows, :, None]
         return w.reshape(out, n)
 
     def row_product(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,6 +79,8 @@ class Blocks(nn.Module):
         multiplies x inside one sum over all of a row's codes (one long reduction per output, which the
         compiler vectorises; a sum per block would end every 32 numbers in a horizontal add)."""
         out, n = self.codes.shape
+        if self.minimum is None:
+            x = stored(x)
         xb = x.float().reshape(n // BLOCK, BLOCK)
         y = (self.codes.view(out, n // BLOCK, BLOCK).float() * (self.scale[..., None] * xb)).sum((-2, -1))
         if self.minimum is not None:
@@ -76,9 +97,12 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = blocks.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[:-1].numel() == 1:
-            return self.blocks.row_product(x).to(x.dtype)
-        return F.linear(x, self.blocks.dequantized().to(x.dtype))
+        if torch.compiler.is_compiling() and x.shape[:-1].numel() == 1:
+            return self.blocks.row_product(x).to(x.dtype)  # compiled: fused loops over the codes
+        # eager, or many rows: a slab of rows at a time, so that a 49k-row unembedding never stands whole
+        # in float32 (113 MB, and twice that for the one-row formula run eagerly)
+        return torch.cat([F.linear(x, self.blocks.dequantized(slice(i, i + SLAB)).to(x.dtype))
+                          for i in range(0, self.out_features, SLAB)], -1)
 
     @property
     def weight(self) -> torch.Tensor:

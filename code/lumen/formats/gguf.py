@@ -12,9 +12,11 @@ Two things in a GGUF differ from the checkpoint it was converted from:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import mmap
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -439,21 +441,35 @@ def _list_of(meta: dict, key: str, kind: type, required: bool = False) -> list:
 def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], HFTokenizer]:
     """(ModelConfig, state dict in lumen's names, tokenizer) from a GGUF file; whatever is wrong with
     the file is a GGUFError naming it."""
-    path = Path(path)
-    try:
-        reader = open_gguf(path)
-        meta = metadata(reader)
-        names = {t.name for t in reader.tensors}
-        title = meta.get("general.name")
-        cfg = config_from_gguf(meta, names, name=title if isinstance(title, str) and title else path.stem)
-        tok = tokenizer_from_gguf(meta)
-        tok.check_fits(cfg.vocab_size, "the tokenizer metadata")
+    with naming(path):
+        reader, cfg, tok = read_header(path)
         state = state_from_gguf(reader, cfg)
-    except ModelFileError as e:
-        if path.name in str(e):
-            raise
-        raise GGUFError(f"{path.name}: {e}") from None
     return cfg, state, tok
+
+
+@contextlib.contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Whatever is wrong with the file is a GGUFError that names it."""
+    try:
+        yield
+    except ModelFileError as e:
+        if Path(path).name in str(e):
+            raise
+        raise GGUFError(f"{Path(path).name}: {e}") from None
+
+
+def read_header(path: str | Path):
+    """(reader, ModelConfig, tokenizer) from a GGUF file's metadata. The reader's parsed fields are dropped
+    once read: for a 49k-token vocabulary they are ~150 MB of small arrays, and the tensors do not need them."""
+    reader = open_gguf(path)
+    meta = metadata(reader)
+    names = {t.name for t in reader.tensors}
+    title = meta.get("general.name")
+    cfg = config_from_gguf(meta, names, name=title if isinstance(title, str) and title else Path(path).stem)
+    tok = tokenizer_from_gguf(meta)
+    tok.check_fits(cfg.vocab_size, "the tokenizer metadata")
+    reader.fields.clear()
+    return reader, cfg, tok
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
@@ -468,11 +484,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
 def load_gguf_quantized(path: str | Path):
     """A lumen GPT (eval, float32 activations) whose Q8_0/Q4_1 matrices stay as the file's blocks, and its
     tokenizer. Tensors of other types (norms: F32) are read as `formats.gguf` reads them."""
-    reader = open_gguf(path)
-    meta = metadata(reader)
-    cfg = config_from_gguf(meta, {t.name for t in reader.tensors},
-                                name=str(meta.get("general.name") or Path(path).stem))
-    check_tensors(reader, cfg)  # the same checks as the float path, before anything is built
+    with naming(path):
+        reader, cfg, tok = read_header(path)
+        check_tensors(reader, cfg)  # the same checks as the float path, before anything is built
     with torch.device("meta"):
         model = GPT(cfg)
     modules = dict(model.named_modules())
@@ -503,7 +517,7 @@ def load_gguf_quantized(path: str | Path):
     if left:
         raise GGUFError(f"{Path(path).name} lacks tensors for {left[:3]}; the file is incomplete "
                              "or not a Llama model")
-    return model.eval(), tokenizer_from_gguf(meta)
+    return model.eval(), tok
 
 
 def _replace_with_blocks(model: nn.Module, path: str, blocks: Blocks) -> None:
