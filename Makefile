@@ -53,3 +53,5 @@ bench: setup
 	$(BIN)/python bench/bench_train.py
 	$(BIN)/python bench/bench_smollm2.py
 	$(BIN)/python bench/bench_lens.py
+	$(BIN)/python bench/bench_contention.py
+	$(BIN)/python bench/bench_llamacpp.py  # installs node-llama-cpp from npm into a temporary directory

@@ -53,9 +53,14 @@ class FastLinear(nn.Linear):
             if x.dtype == self._packed.dtype and x.is_contiguous() and not torch.compiler.is_compiling():
                 return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
             return F.linear(x, self._packed.to_dense(), self.bias)  # F.linear rounds a strided input differently
-        one_row = torch.compiler.is_compiling() and x.shape[:-1].numel() == 1
-        if one_row and not (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad)):
-            return row_linear(x, self.weight, self.bias)  # a reduction the compiler fuses
+        if torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad):
+            return F.linear(x, self.weight, self.bias)
+        if x.shape[:-1].numel() == 1:
+            if torch.compiler.is_compiling():
+                return row_linear(x, self.weight, self.bias)  # a reduction the compiler fuses
+        elif (x.dtype == self.weight.dtype == torch.float32 and x.is_contiguous() and can_pack(self)
+              and not torch.is_autocast_enabled(x.device.type)):
+            return onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def pack(self) -> None:
@@ -73,6 +78,19 @@ class FastLinear(nn.Linear):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self._packed is not None:
             destination[prefix + "weight"] = self._packed.to_dense()
+
+
+@torch.library.custom_op("lumen::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias by oneDNN, the plain weight reordered on the fly: for a float32 prompt 10-30%
+    faster than F.linear's product here (README: Speed), the same numbers to float32 rounding. A custom
+    op, so that torch.compile calls it as it is (its own lowering takes only weights frozen into the graph)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.size(0)))
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
