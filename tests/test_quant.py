@@ -113,3 +113,33 @@ def test_weights_gguf_needs_a_gguf_file_and_float32(tmp_path, capsys):
     assert "no GGUF file" in capsys.readouterr().err
     assert main(["generate", "smollm2", "--weights", "gguf", "--dtype", "bfloat16", "--prompt", "x"]) == 2
     assert "drop --dtype" in capsys.readouterr().err
+
+
+def test_a_small_file_from_its_blocks_and_damaged_numbers(tmp_path):
+    """A tiny GGUF with Q8_0 and Q4_1 matrices: decoded from its blocks, the logits of the float path
+    (formats.gguf.load_gguf) to float32 rounding; a NaN block scale or norm gain is refused, naming the file
+    and the tensor, instead of decoding NaN."""
+    from gguf import GGUFReader
+
+    from lumen.formats.gguf import GGUFError, load_gguf, load_gguf_quantized
+    from test_gguf import tiny_model, write_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, tiny_model(), {"token_embd.weight": Q.Q8_0, "blk.0.ffn_up.weight": Q.Q4_1,
+                                    "blk.1.attn_q.weight": Q.Q4_1, "blk.1.ffn_down.weight": Q.Q8_0})
+    model, _ = load_gguf_quantized(path)
+    reference, _ = load_gguf(path)
+    assert isinstance(model.blocks[1].attn.q, QuantLinear)
+    ids = torch.tensor([[5, 9, 2, 30, 7]])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids)[0], reference(ids)[0], rtol=1e-5, atol=1e-5)
+    offsets = {t.name: int(t.data_offset) for t in GGUFReader(path).tensors}
+    for name in ("blk.0.ffn_up.weight", "token_embd.weight", "blk.1.attn_norm.weight"):
+        data = bytearray(path.read_bytes())
+        nan = np.array(np.nan, np.float32 if name.endswith("norm.weight") else np.float16).tobytes()
+        at = offsets[name]  # a float32 norm's first gain; a block's float16 scale comes first in its block
+        data[at: at + len(nan)] = nan
+        bad = tmp_path / "bad.gguf"
+        bad.write_bytes(bytes(data))
+        with pytest.raises(GGUFError, match=rf"bad\.gguf.*{name}.*NaN"):
+            load_gguf_quantized(bad)

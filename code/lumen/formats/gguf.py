@@ -497,8 +497,11 @@ def load_gguf_quantized(path: str | Path):
         owner = modules.get(name.rsplit(".", 1)[0])
         blocks = blocks_from_gguf(t) if isinstance(owner, (nn.Linear, nn.Embedding)) else None
         heads = _permuted_heads(name, cfg)
+        numbers = [blocks.scale, blocks.minimum] if blocks is not None else [torch.from_numpy(dequantize(t))]
+        if not all(torch.isfinite(x).all() for x in numbers if x is not None):
+            raise GGUFError(f"{Path(path).name}: tensor {t.name} holds NaN or infinite values; the file is damaged")
         if blocks is None:
-            w = torch.from_numpy(dequantize(t))
+            w = numbers[0]
             state[name] = unpermute(w, heads) if heads else w
             continue
         if heads:  # whole rows move: the blocks stay intact
