@@ -83,6 +83,13 @@ def test_count_is_the_published_total_and_the_formula_counts_the_weight_matrices
     assert formula(cfg).non_embedding == c.matmul - cfg.vocab_size * cfg.d_model
 
 
+@pytest.mark.parametrize("name, published", [("pythia-70m", 18_915_328), ("pythia-160m", 85_056_000)])
+def test_non_embedding_count_leaves_out_an_untied_unembedding(name, published):
+    """The Pythia paper's non-embedding parameters: the total without embed_in and embed_out (untied)."""
+    c = count(ModelConfig.from_name(name))
+    assert c.unembedding > 0 and c.non_embedding == published
+
+
 # --- the looking-inside tools on each family ------------------------------------------------------------
 
 TINY = dict(vocab_size=V, context=64, d_model=32, n_layers=3, n_heads=4, d_ff=64)

@@ -57,8 +57,9 @@ class Count:
 
     @property
     def non_embedding(self) -> int:
-        """Kaplan et al.'s N: everything but the token and position tables."""
-        return self.total - self.embedding - self.positions
+        """Kaplan et al.'s N: everything but the embedding matrices: the token and position tables, and the
+        output projection where it is a matrix of its own (untied, as in Pythia's published counts)."""
+        return self.total - self.embedding - self.positions - self.unembedding
 
     def per_block(self, cfg: ModelConfig) -> int:
         """One block's parameters, with biases and the block's norms (the final norm is not in a block)."""
