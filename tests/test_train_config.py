@@ -98,3 +98,22 @@ def test_weight_decay_on_matrices_only():
     assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.1
     n = sum(p.numel() for g in (decay, no_decay) for p in g["params"])
     assert n == sum(p.numel() for p in model.parameters())  # the tied unembedding counted once
+
+
+def test_the_training_bar_draws_on_a_terminal_only(tmp_path, monkeypatch):
+    """Piped into a log, `lumen train` writes its banner, evaluation lines and summary, with no bar redraws
+    (carriage returns); on a terminal the bar shows the steps."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stream in (io.StringIO(), Terminal()):
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert main(["train", "--preset", "tiny", "--set", "steps=4", "--set", "eval_interval=2",
+                     "--set", "sample_tokens=0", "--set", f"out_dir={tmp_path / type(stream).__name__}"]) == 0
+        err = stream.getvalue()
+        assert "step 4: val loss" in err
+        assert ("\r" in err and "4/4" in err) == isinstance(stream, Terminal), err

@@ -124,8 +124,10 @@ class Trainer:
             return self.finished()
         peak = matmul_peak(self.device, torch.bfloat16 if self.bf16 else torch.float32)
         speed = Throughput(cfg.windows_per_step * self.T, training_flops_per_token(self.model_cfg, self.T), peak)
+        # the bar draws on a terminal only (disable=None); piped into a log, the run still writes its banner,
+        # each evaluation's line and the summary
         bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr,
-                   disable=not self.talks)
+                   disable=None if self.talks else True)
         if self.talks:
             bar.write(self.banner(speed.tokens_per_step), file=sys.stderr)
         t_start, loss, val, stopped = time.perf_counter(), None, None, "done"
