@@ -109,7 +109,8 @@ def test_progress_bar_draws_on_a_terminal_only_and_not_when_quiet(monkeypatch):
 
 
 def test_long_jobs_have_a_bar_and_quiet_turns_it_off(files, monkeypatch, capsys):
-    """delete-layer's and the tuned lens's loops draw a bar on a terminal; --quiet turns it off."""
+    """delete-layer's, the tuned lens's, eval's, neurons' and heads' loops draw a bar on a terminal; --quiet
+    turns it off."""
     monkeypatch.setattr(sys, "stderr", Terminal())
     argv = ["delete-layer", str(files / "run"), "--corpus", str(files / "corpus"), "--windows", "1", "--seq-len", "16"]
     assert main(argv) == 0 and "deleting blocks" in sys.stderr.getvalue()
@@ -121,7 +122,8 @@ def test_long_jobs_have_a_bar_and_quiet_turns_it_off(files, monkeypatch, capsys)
     err = sys.stderr.getvalue()
     assert "training the tuned lens" in err and "tuned lens on held-out text" in err
     text = ["--corpus", str(files / "corpus"), "--windows", "2", "--seq-len", "16"]
-    for argv, bar in ((["neurons", str(files / "run"), "--block", "0", *text], "reading block 0's MLP"),
+    for argv, bar in ((["eval", str(files / "run"), "--text", str(files / "text.txt")], "evaluating"),
+                      (["neurons", str(files / "run"), "--block", "0", *text], "reading block 0's MLP"),
                       (["heads", str(files / "run"), *text, "--half", "4"], "scoring heads")):
         monkeypatch.setattr(sys, "stderr", Terminal())
         assert main(argv) == 0 and bar in sys.stderr.getvalue()

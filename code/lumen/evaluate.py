@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from .errors import UserError
 from .model import GPT
+from .progress import progress
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,12 @@ def evaluate(model: GPT, ids: Sequence[int] | torch.Tensor, context: int | None 
     spans = windows(ids.numel(), context)
     if not spans:
         raise UserError(f"the text has {ids.numel()} token(s); at least 2 are needed to score a prediction")
-    device = model.lm_head.weight.device
+    device = next(model.parameters()).device  # (not lm_head.weight: a quantized one would dequantize to answer)
     total, scored = 0.0, 0
     batch = max(1, LOGITS_BUDGET // (context * model.cfg.vocab_size))
     full = [s for s in spans if s[1] - s[0] == context]
     groups = [full[i : i + batch] for i in range(0, len(full), batch)] + [[s] for s in spans if s not in full]
-    for group in groups:
+    for group in progress(groups, desc="evaluating", unit="batch"):
         x = torch.stack([ids[s:e] for s, e in group]).to(device)      # (B, T)
         logits, _ = model(x[:, :-1])                                  # predict tokens 1..T-1 of each window
         nll = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten(), reduction="sum")
