@@ -55,11 +55,11 @@ class FastLinear(nn.Linear):
             return F.linear(x, self._packed.to_dense(), self.bias)  # F.linear rounds a strided input differently
         if torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad):
             return F.linear(x, self.weight, self.bias)
-        if x.shape[:-1].numel() == 1:
-            if torch.compiler.is_compiling():
-                return row_linear(x, self.weight, self.bias)  # a reduction the compiler fuses
-        elif (x.dtype == self.weight.dtype == torch.float32 and x.is_contiguous() and can_pack(self)
-              and not torch.is_autocast_enabled(x.device.type)):
+        rows = x.shape[:-1].numel()
+        if rows == 1 and torch.compiler.is_compiling():
+            return row_linear(x, self.weight, self.bias)  # a reduction the compiler fuses
+        if (rows > 1 and x.dtype == self.weight.dtype == torch.float32 and x.is_contiguous() and can_pack(self)
+                and not torch.is_autocast_enabled(x.device.type)):
             return onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
