@@ -18,6 +18,7 @@ import math
 import mmap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +29,9 @@ from ..errors import ConfigError, MissingFileError, ModelFileError
 from ..model import GPT
 from ..quant import Blocks, QuantEmbedding, QuantLinear, blocks_from_gguf
 from ..tokenizers import HFTokenizer
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 # GGUF tensor name (inside block i) -> lumen parameter name
 _BLOCK = {
@@ -64,7 +68,7 @@ class GGUFError(ModelFileError):
 
 # ---------------------------------------------------------------------------------------------
 # the file
-def open_gguf(path: str | Path):
+def open_gguf(path: str | Path) -> GGUFReader:
     """A `gguf.GGUFReader` over the file, after `check_layout` has walked its header."""
     from gguf import GGUFReader
 
@@ -211,7 +215,7 @@ def _walk(h: _Header, path: Path) -> None:
                             f"{len(h.data):,}; download it again")
 
 
-def metadata(reader) -> dict:
+def metadata(reader: GGUFReader) -> dict:
     """The key/value metadata as plain Python values (strings, numbers, lists)."""
     out = {}
     for key, field in reader.fields.items():
@@ -317,7 +321,7 @@ def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, out // n_heads // 2, 2, d_in).transpose(1, 2).reshape(out, d_in)
 
 
-def state_from_gguf(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def state_from_gguf(reader: GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Every tensor dequantized, renamed to lumen's parameter names, Q/K rows in lumen's RoPE order.
     Names, block count, shapes and types are checked against `cfg` first: nothing is dequantized or
     built for a file that disagrees with its own metadata."""
@@ -341,7 +345,7 @@ def _permuted_heads(name: str, cfg: ModelConfig) -> int | None:
     return None
 
 
-def check_tensors(reader, cfg: ModelConfig) -> None:
+def check_tensors(reader: GGUFReader, cfg: ModelConfig) -> None:
     """The tensors are the ones `cfg` needs: known names, one set per block, shapes as the config says,
     float or quantized types (not integers)."""
     from gguf import GGMLQuantizationType as T
@@ -458,7 +462,7 @@ def naming(path: str | Path) -> Iterator[None]:
         raise GGUFError(f"{Path(path).name}: {e}") from None
 
 
-def read_header(path: str | Path):
+def read_header(path: str | Path) -> tuple[GGUFReader, ModelConfig, HFTokenizer]:
     """(reader, ModelConfig, tokenizer) from a GGUF file's metadata. The reader's parsed fields are dropped
     once read: for a 49k-token vocabulary they are ~150 MB of small arrays, and the tensors do not need them."""
     reader = open_gguf(path)
@@ -497,13 +501,13 @@ def load_gguf_quantized(path: str | Path):
         owner = modules.get(name.rsplit(".", 1)[0])
         blocks = blocks_from_gguf(t) if isinstance(owner, (nn.Linear, nn.Embedding)) else None
         heads = _permuted_heads(name, cfg)
-        numbers = [blocks.scale, blocks.minimum] if blocks is not None else [torch.from_numpy(dequantize(t))]
-        if not all(torch.isfinite(x).all() for x in numbers if x is not None):
-            raise GGUFError(f"{Path(path).name}: tensor {t.name} holds NaN or infinite values; the file is damaged")
         if blocks is None:
-            w = numbers[0]
+            w = _finite(path, t.name, torch.from_numpy(dequantize(t)))
             state[name] = unpermute(w, heads) if heads else w
             continue
+        _finite(path, t.name, blocks.scale)
+        if blocks.minimum is not None:
+            _finite(path, t.name, blocks.minimum)
         if heads:  # whole rows move: the blocks stay intact
             for key in ("codes", "scale", "minimum"):
                 if getattr(blocks, key) is not None:
@@ -521,6 +525,13 @@ def load_gguf_quantized(path: str | Path):
         raise GGUFError(f"{Path(path).name} lacks tensors for {left[:3]}; the file is incomplete "
                              "or not a Llama model")
     return model.eval(), tok
+
+
+def _finite(path: str | Path, name: str, t: torch.Tensor) -> torch.Tensor:
+    """t, if it holds no NaN or infinity (GPT.from_state's check, for the tensors the block loader assigns)."""
+    if not torch.isfinite(t).all():
+        raise GGUFError(f"{Path(path).name}: tensor {name} holds NaN or infinite values; the file is damaged")
+    return t
 
 
 def _replace_with_blocks(model: nn.Module, path: str, blocks: Blocks) -> None:
