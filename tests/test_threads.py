@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lumen.threads import ThreadTuner, thread_choices, tuned
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    """Each test may change torch's thread count; the next one starts from the count before."""
+    before = torch.get_num_threads()
+    yield before
+    torch.set_num_threads(before)
 
 
 def test_thread_choices_halve_down_to_one():
@@ -22,61 +31,45 @@ def run(tuner: ThreadTuner, seconds_at: dict[int, float], steps: int) -> list[in
 
 
 def test_tuner_follows_the_machine():
-    before = torch.get_num_threads()
-    try:
-        tuner = ThreadTuner(most=4, every=100, skip=1)
-        quiet = {4: 0.10, 2: 0.17, 1: 0.30}
-        used = run(tuner, quiet, 30)
-        assert tuner.chosen == 4 and used[-10:] == [4] * 10
-        busy = {4: 6.8, 2: 1.2, 1: 0.5}  # cores taken: all threads wait at barriers
-        used = run(tuner, busy, 30)
-        assert tuner.chosen == 1 and used[-10:] == [1] * 10
-        # a count far slower than the best so far is left after one step
-        assert used.count(4) <= 1 + 3 and used.count(2) <= 3
-        used = run(tuner, quiet, 60)  # quiet again: one thread got faster, so it tries again
-        assert tuner.chosen == 4 and used[-10:] == [4] * 10
-    finally:
-        torch.set_num_threads(before)
+    tuner = ThreadTuner(most=4, every=100, skip=1)
+    quiet = {4: 0.10, 2: 0.17, 1: 0.30}
+    used = run(tuner, quiet, 30)
+    assert tuner.chosen == 4 and used[-10:] == [4] * 10
+    busy = {4: 6.8, 2: 1.2, 1: 0.5}  # cores taken: all threads wait at barriers
+    used = run(tuner, busy, 30)
+    assert tuner.chosen == 1 and used[-10:] == [1] * 10
+    # a count far slower than the best so far is left after one step
+    assert used.count(4) <= 1 + 3 and used.count(2) <= 3
+    used = run(tuner, quiet, 60)  # quiet again: one thread got faster, so it tries again
+    assert tuner.chosen == 4 and used[-10:] == [4] * 10
 
 
 def test_one_core_never_changes_threads():
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(3)
-        tuner = ThreadTuner(most=1)
-        run(tuner, {3: 0.1}, 10)
-        assert torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(3)
+    tuner = ThreadTuner(most=1)
+    run(tuner, {3: 0.1}, 10)
+    assert torch.get_num_threads() == 3
 
 
 def test_tuned_steps_pass_through_and_restore_threads():
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        assert list(tuned(iter(range(20)), ThreadTuner(most=2, skip=0))) == list(range(20))
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(2)
+    assert list(tuned(iter(range(20)), ThreadTuner(most=2, skip=0))) == list(range(20))
+    assert torch.get_num_threads() == 2
 
 
 def test_the_first_step_at_a_new_count_is_not_counted():
     """torch.compile compiles again at a thread count it has not run with: that step's time says nothing."""
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        tuner = ThreadTuner(most=2, skip=0)
-        firsts = {1: True}
-        for _ in range(20):
-            n = torch.get_num_threads()
-            slow_first = n == 1 and firsts.pop(1, False)
-            tuner.record(30.0 if slow_first else {2: 0.5, 1: 0.2}[n])
-        assert tuner.chosen == 1
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(2)
+    tuner = ThreadTuner(most=2, skip=0)
+    firsts = {1: True}
+    for _ in range(20):
+        n = torch.get_num_threads()
+        slow_first = n == 1 and firsts.pop(1, False)
+        tuner.record(30.0 if slow_first else {2: 0.5, 1: 0.2}[n])
+    assert tuner.chosen == 1
 
 
-def test_a_run_with_threads_0_tunes_and_restores(monkeypatch):
+def test_a_run_with_threads_0_tunes_and_restores(monkeypatch, keep_threads):
     """`threads = 0` (the default) hands the loop's step times to a ThreadTuner; the run ends with torch's
     thread count as it found it."""
     from lumen.data import prepare
@@ -90,12 +83,11 @@ def test_a_run_with_threads_0_tunes_and_restores(monkeypatch):
             super().record(seconds)
 
     monkeypatch.setattr(loop, "ThreadTuner", Recording)
-    before = torch.get_num_threads()
     cfg, model_cfg = load_config(preset="tiny", sets=["progress=false", "save=false", "threads=0", "steps=12",
                                                       "sample_tokens=0"])
     result = train(cfg, model_cfg, data=prepare("shakespeare", "char"))
     assert result.steps == 12 and len(seen) == 12 and all(s > 0 for s in seen)
-    assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == keep_threads
 
 
 def test_short_noisy_steps_are_judged_in_groups():
@@ -118,9 +110,5 @@ def test_short_noisy_steps_are_judged_in_groups():
             tuner.record(noisy(rng, {2: 0.002, 1: 0.003}[n]))
         return used[2000:].count(2) / len(used[2000:])
 
-    before = torch.get_num_threads()
-    try:
-        assert share_at_best() > 0.95  # the default grouping
-        assert share_at_best(sample=0.0) < 0.9  # the same steps judged one by one: the property above is not free
-    finally:
-        torch.set_num_threads(before)
+    assert share_at_best() > 0.95  # the default grouping
+    assert share_at_best(sample=0.0) < 0.9  # the same steps judged one by one: the property above is not free

@@ -54,7 +54,7 @@ class ThreadTuner:
         self.choices = thread_choices(most or torch.get_num_threads())
         self.every, self.trial_steps, self.slack, self.sample = every, trial_steps, slack, sample
         self.skip = skip  # the first steps compile or warm caches: not counted
-        self.group: list[float] = []  # short steps waiting to make one sample
+        self.group_time, self.group_steps = 0.0, 0  # short steps waiting to make one sample
         self.times: dict[int, list[float]] = {}
         self.chosen: int = self.choices[0]
         self.reference = float("inf")  # the chosen count's step time when chosen
@@ -71,7 +71,7 @@ class ThreadTuner:
         if n not in self.used:
             self.used.add(n)
             self.fresh = True
-        self.group = []  # a sample measures one count
+        self.group_time, self.group_steps = 0.0, 0  # a sample measures one count
         torch.set_num_threads(n)
 
     def record(self, seconds: float) -> None:
@@ -84,11 +84,12 @@ class ThreadTuner:
         if self.fresh:
             self.fresh = False
             return
-        self.group.append(seconds)
-        if sum(self.group) < self.sample:
+        self.group_time += seconds
+        self.group_steps += 1
+        if self.group_time < self.sample:
             return
-        seconds = statistics.fmean(self.group)  # the mean step of the group
-        self.group = []
+        seconds = self.group_time / self.group_steps  # the mean step of the group
+        self.group_time, self.group_steps = 0.0, 0
         if self.trying:
             self._trial_step(seconds)
             return
