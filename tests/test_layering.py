@@ -16,7 +16,7 @@ CORE = {"config", "block", "attention", "model", "accounting", "errors", "files"
 # what may be imported by each layer above the core (the core itself is open to everyone)
 ALLOWED = {
     "packing": set(),
-    "quant": set(),
+    "quant": {"fetch"},  # (its kernels are built into the lumen cache)
     "threads": set(),
     "tokenizers": set(),
     "fetch": set(),

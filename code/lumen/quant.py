@@ -2,33 +2,91 @@
 
 llama.cpp stores a weight row in blocks of 32 numbers. A Q8_0 block is a scale d (float16) and 32
 signed 8-bit codes q: w = d q. A Q4_1 block is a scale d, a minimum m (float16) and 32 4-bit codes
-q in 0..15 (two to a byte): w = d q + m. A decoded token reads every weight once: ~1.25 bytes per
-weight here (4-bit codes kept one to a byte, plus the block's numbers in float32) against 4 for
-float32. For one input row x, a product regroups per block, so no weight is ever materialised:
+q in 0..15 (two to a byte): w = d q + m. A decoded token reads every weight once: ~0.75 bytes per
+weight here (the file's packed codes, plus the block's numbers in float32) against 4 for float32.
 
-    y_o = sum over blocks b and their j of  q_obj (d_ob x_bj)  +  sum over b of  m_ob (sum_j x_bj)
+One row x (a decoded token) is multiplied as llama.cpp multiplies it: x is rounded to 8 bits per block
+of 32 (xq = round(x / dx), dx = max|x| / 127), so that a block's products are integers, summed exactly
+and scaled once (the minimum multiplies the exact float sum of x):
 
-which torch.compile turns into fused loops over the codes. (Measured on one core: these loops are
-bound by their arithmetic, a conversion and two products per weight, not by the bytes they read;
-llama.cpp instead rounds x to 8 bits and multiplies integers.) Many rows (a prompt), and any
-product run eagerly, dequantize a slab of rows at a time for a matrix product.
+    y_o = sum over blocks b of  d_ob dx_b (sum_j q_obj xq_bj)  +  m_ob (sum_j x_bj)
+
+`quant.cpp` computes this with the CPU's byte dot-product instructions (built once per machine, under the
+lumen cache); `rounded_row_product` is the same formula in torch, its reference and its stand-in where it
+does not build. Many rows (a prompt, an evaluation, a lens) multiply the dequantized weights, a slab of rows
+at a time: those logits are the dequantized float32 model's (`formats.gguf.load_gguf`) to float32 rounding.
 
     >>> model, tok = formats.gguf.load_gguf_quantized(fetch("smollm2"))   # doctest: +SKIP
     >>> model.generate(ids, 64, temperature=0, compile=True)      # doctest: +SKIP
-
-The logits are those of the dequantized float32 model (`formats.gguf.load_gguf`) to float32 rounding:
-the same numbers, summed in another order.
 """
 
 from __future__ import annotations
+
+import hashlib
+import platform
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .fetch import cache_dir
+from .files import atomic_path
+
 BLOCK = 32  # numbers per block, for both types
 SLAB = 4096  # rows dequantized at a time for a product of many rows
+
+# x @ w.T for one float32 row x (in,) and a matrix's blocks: (out,); its CPU kernel is quant.cpp's
+torch.library.define("lumen::blocks_row", "(Tensor x, Tensor codes, Tensor scale, Tensor? minimum) -> Tensor")
+
+
+@torch.library.register_fake("lumen::blocks_row")
+def _(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(codes.shape[0])
+
+
+_kernels: bool | None = None  # quant.cpp: not yet tried, built and loaded, or unavailable here
+
+
+def kernels() -> bool:
+    """Whether quant.cpp's kernels are loaded: built the first time on this machine (g++, -march=native,
+    x86-64 with AVX2; ~10 s) into the lumen cache, keyed by the source, torch's version and the CPU."""
+    global _kernels
+    if _kernels is None:
+        _kernels = _load_kernels()
+    return _kernels
+
+
+def _load_kernels() -> bool:
+    source = Path(__file__).with_name("quant.cpp")
+    if platform.machine().lower() not in ("x86_64", "amd64") or not (shutil.which("c++") or shutil.which("g++")):
+        return False
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
+    flags = next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
+    key = hashlib.sha256(source.read_bytes() + torch.__version__.encode() + flags.encode()).hexdigest()[:16]
+    lib = cache_dir() / "kernels" / f"lumen_quant-{key}.so"
+    try:
+        if not lib.exists():
+            from torch.utils.cpp_extension import load
+
+            print("lumen: building the block kernels (lumen/quant.cpp; once per machine)", file=sys.stderr)
+            lib.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=lib.parent) as build, atomic_path(lib) as out:
+                load("lumen_quant", [str(source)], extra_cflags=["-O3", "-march=native"], build_directory=build,
+                     is_python_module=False)  # (and loads it)
+                shutil.copyfile(Path(build) / "lumen_quant.so", out)
+        else:
+            torch.ops.load_library(str(lib))
+    except Exception as e:  # no kernels is slower, not wrong: say why once and go on with torch's formula
+        why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+        print(f"lumen: the block kernels did not build ({why}); decoding from blocks uses torch's formula "
+              "(slower, the same numbers)", file=sys.stderr)
+        return False
+    return True
 
 
 @torch.library.custom_op("lumen::stored", mutates_args=())
@@ -36,8 +94,7 @@ def stored(x: torch.Tensor) -> torch.Tensor:
     """x, written out to memory. A product of one row reads each input number once per output row, and
     torch.compile folds a cheap producer into the loop that reads it: the final norm before the
     unembedding would be computed again for each of its 49,152 rows (measured: 10 ms of a 30 ms token).
-    The Q4_1 product reads x twice (its codes and its block sums), which makes the compiler store it; a
-    Q8_0 product reads it once, so it goes through this op, which the compiler cannot look into."""
+    `rounded_row_product` goes through this op, which the compiler cannot look into."""
     return x.clone()
 
 
@@ -47,8 +104,10 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 
 class Blocks(nn.Module):
-    """A (out, in) matrix as the file's blocks: codes (out, in) as small integers, per block a scale and, for
-    Q4_1, a minimum (out, in / 32), in float32 (exact: they are float16 in the file)."""
+    """A (out, in) matrix as the file's blocks: codes as the file holds them (Q8_0: (out, in) int8; Q4_1:
+    (out, in / 2) uint8, two to a byte, a block's numbers 0-15 in the low halves of its 16 bytes and 16-31
+    in the high halves), per block a scale and, for Q4_1, a minimum (out, in / 32), in float32 (exact: they
+    are float16 in the file)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -59,33 +118,58 @@ class Blocks(nn.Module):
         self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
         self.register_buffer("minimum", minimum)
+        kernels()  # built (or found wanting) now, at load time, not while torch.compile traces
 
     @property
     def shape(self) -> tuple[int, int]:
-        out, n = self.codes.shape
-        return out, n
+        out, blocks = self.scale.shape
+        return out, blocks * BLOCK
 
-    def dequantized(self, rows: slice = slice(None)) -> torch.Tensor:
-        """The float32 matrix w = d q (+ m), as llama.cpp (and the gguf package) compute it (those rows)."""
+    def block_codes(self, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+        """Those rows' codes (a slice, or a tensor of row indices), one to a number: (..., in / 32, 32)."""
         codes = self.codes[rows]
-        out, n = codes.shape
-        w = codes.view(out, n // BLOCK, BLOCK).float() * self.scale[rows, :, None]
+        if self.minimum is None:
+            return codes.unflatten(-1, (-1, BLOCK))
+        half = codes.unflatten(-1, (-1, BLOCK // 2))  # two codes a byte: a block's low halves, then its high
+        return torch.cat([half & 0x0F, half >> 4], -1)
+
+    def dequantized(self, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+        """The float32 matrix w = d q (+ m), as llama.cpp (and the gguf package) compute it: those rows (a
+        slice, or a tensor of row indices: (*idx.shape, in))."""
+        w = self.block_codes(rows).float() * self.scale[rows][..., None]
         if self.minimum is not None:
-            w = w + self.minimum[rows, :, None]
-        return w.reshape(out, n)
+            w = w + self.minimum[rows][..., None]
+        return w.flatten(-2)
 
     def row_product(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ w.T for one row x (..., in), computed from the blocks (see the module docstring). The scale
-        multiplies x inside one sum over all of a row's codes (one long reduction per output, which the
-        compiler vectorises; a sum per block would end every 32 numbers in a horizontal add)."""
-        out, n = self.codes.shape
-        if self.minimum is None:
-            x = stored(x)
-        xb = x.float().reshape(n // BLOCK, BLOCK)
-        y = (self.codes.view(out, n // BLOCK, BLOCK).float() * (self.scale[..., None] * xb)).sum((-2, -1))
-        if self.minimum is not None:
-            y = y + (self.minimum * xb.sum(-1)).sum(-1)
+        """x @ w.T for one row x (..., in), x rounded to 8 bits per block (see the module docstring):
+        quant.cpp's kernel on CPU where it is built, else `rounded_row_product`."""
+        out, n = self.shape
+        row = x.reshape(n).float().contiguous()
+        if _kernels and row.device.type == "cpu":
+            y = torch.ops.lumen.blocks_row(row, self.codes, self.scale, self.minimum)
+        else:
+            y = self.rounded_row_product(row)
         return y.reshape(*x.shape[:-1], out)
+
+    def rounded_row_product(self, x: torch.Tensor) -> torch.Tensor:
+        """quant.cpp's formula in torch, for one float32 row x (in,): the same 8-bit x and integer block
+        sums (exact in float32: at most 32 x 128 x 127), scaled and summed in another order. A slab of rows
+        at a time eagerly; compiled, one fused loop over the codes."""
+        out, n = self.shape
+        xb = (stored(x) if torch.compiler.is_compiling() else x).reshape(n // BLOCK, BLOCK)
+        step = xb.abs().amax(-1) / 127
+        xq = torch.round(xb * torch.where(step > 0, 1 / step, 0)[:, None])
+        slab = out if torch.compiler.is_compiling() else SLAB
+        parts = []
+        for i in range(0, out, slab):
+            rows = slice(i, i + slab)
+            sums = (self.block_codes(rows).float() * xq).sum(-1)  # (rows, blocks): integers
+            y = (sums * (self.scale[rows] * step)).sum(-1)
+            if self.minimum is not None:
+                y = y + (self.minimum[rows] * xb.sum(-1)).sum(-1)
+            parts.append(y)
+        return torch.cat(parts)
 
 
 class QuantLinear(nn.Module):
@@ -97,10 +181,9 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = blocks.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() and x.shape[:-1].numel() == 1:
-            return self.blocks.row_product(x).to(x.dtype)  # compiled: fused loops over the codes
-        # eager, or many rows: a slab of rows at a time, so that a 49k-row unembedding never stands whole
-        # in float32 (113 MB, and twice that for the one-row formula run eagerly)
+        if x.shape[:-1].numel() == 1:
+            return self.blocks.row_product(x).to(x.dtype)  # a decoded token: 8-bit x, integer products
+        # many rows: a slab of rows at a time, so that a 49k-row unembedding never stands whole in float32
         return torch.cat([F.linear(x, self.blocks.dequantized(slice(i, i + SLAB)).to(x.dtype))
                           for i in range(0, self.out_features, SLAB)], -1)
 
@@ -118,11 +201,7 @@ class QuantEmbedding(nn.Module):
         self.blocks = blocks
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        b = self.blocks
-        rows = b.codes[idx].float().unflatten(-1, (-1, BLOCK)) * b.scale[idx][..., None]
-        if b.minimum is not None:
-            rows = rows + b.minimum[idx][..., None]
-        return rows.flatten(-2)
+        return self.blocks.dequantized(idx)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -146,8 +225,7 @@ def blocks_from_gguf(tensor) -> Blocks | None:
         b = raw.reshape(out, -1, 4 + BLOCK // 2)
         scale = b[..., 0:2].copy().view(np.float16)[..., 0]
         minimum = b[..., 2:4].copy().view(np.float16)[..., 0]
-        packed = b[..., 4:]
-        codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(out, -1)  # low nibbles first
-        return Blocks(torch.from_numpy(codes), torch.from_numpy(scale.astype(np.float32)),
+        codes = b[..., 4:].reshape(out, -1)  # packed, as stored
+        return Blocks(torch.from_numpy(codes.copy()), torch.from_numpy(scale.astype(np.float32)),
                       torch.from_numpy(minimum.astype(np.float32)))
     return None
