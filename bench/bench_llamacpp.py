@@ -6,7 +6,7 @@ tokens per second and the process's peak resident memory (max RSS).
 llama.cpp comes from the npm package node-llama-cpp (prebuilt binaries, @node-llama-cpp/linux-x64), installed
 with npm into a temporary directory (or --keep DIR, reused when it is there): a contender only, never a
 dependency of lumen. Contenders, each in its own process, take turns in every round: llama.cpp, lumen decoding
-from the file's own Q4_1/Q8_0 blocks (`--weights gguf`, compiled), lumen float32 (dequantized, compiled).
+from the file's own Q4_1/Q8_0 blocks (`--weights gguf`, compiled and eager), lumen float32 (dequantized, compiled).
 Decoding speed counts the tokens after the first (the prompt's prefill is not counted); compile time is not
 counted either. Goals: lumen's quantized decoding >= 1.0x llama.cpp's tokens/s, max RSS <= 2x. Not a test.
 """
@@ -57,11 +57,11 @@ torch.set_num_threads(int(sys.argv[2]))
 loaded = load("smollm2", weights=sys.argv[1])
 model, tok = loaded.model, loaded.tokenizer
 ids = torch.tensor([tok.encode(sys.argv[4])])
-n = int(sys.argv[3])
+n, compile = int(sys.argv[3]), sys.argv[6] == "compiled"
 with torch.inference_mode():
-    model.generate(ids, 4, temperature=0, compile=True)  # compiles (not counted)
+    model.generate(ids, 4, temperature=0, compile=compile)  # compiles (not counted)
     stamps, out = [], []
-    for t in model.stream(ids, n, temperature=0, compile=True):
+    for t in model.stream(ids, n, temperature=0, compile=compile):
         stamps.append(time.perf_counter()); out.append(int(t[0]))
 print(json.dumps({"tok_s": (n - 1) / (stamps[-1] - stamps[0]), "max_rss_mib": status_kib("VmHWM") / 1024,
                   "text": tok.decode(out)}))
@@ -103,11 +103,11 @@ def main() -> None:
         script = install(args.keep or Path(tmp))
         contenders = {
             "llama.cpp (node-llama-cpp)": ["node", str(script), str(gguf), str(args.threads), str(args.tokens), PROMPT],
-            "lumen --weights gguf, compiled": [sys.executable, "-c", LUMEN_SCRIPT, "gguf", str(args.threads),
-                                               str(args.tokens), PROMPT, str(here)],
-            "lumen float32, compiled": [sys.executable, "-c", LUMEN_SCRIPT, "float", str(args.threads),
-                                        str(args.tokens), PROMPT, str(here)],
         }
+        for weights, mode in (("gguf", "compiled"), ("gguf", "eager"), ("float", "compiled")):
+            contenders[f"lumen --weights {weights}, {mode}"] = [sys.executable, "-c", LUMEN_SCRIPT, weights,
+                                                                str(args.threads), str(args.tokens), PROMPT, str(here),
+                                                                mode]
         results: dict[str, list[dict]] = {name: [] for name in contenders}
         for r in range(args.rounds):
             for name, cmd in contenders.items():

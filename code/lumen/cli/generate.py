@@ -47,8 +47,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' precision (default float32)")
     p.add_argument("--weights", choices=("float", "gguf"), default="float",
-                   help="gguf: decode from a GGUF's own Q4_1/Q8_0 blocks (less memory; fastest with --compile); "
-                        "float (default): the weights dequantized")
+                   help="gguf: decode from a GGUF's own Q4_1/Q8_0 blocks as llama.cpp does (x rounded to 8 bits per "
+                        "block; less memory; fastest with --compile); float (default): the weights dequantized, "
+                        "the file's exact numbers")
     p.add_argument("--compile", action="store_true",
                    help="compile the decoding step with torch.compile: several times faster per token on CPU, "
                         "after a one-time compile (about a minute; cached after) (needs a C++ compiler)")

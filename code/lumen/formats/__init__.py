@@ -46,8 +46,9 @@ def load(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = tor
          weights: str = "float") -> Loaded:
     """The model and tokenizer a spec names; see the module docstring for the accepted forms.
 
-    weights="gguf" keeps a GGUF file's Q8_0/Q4_1 matrices as the file's blocks (lumen.quant: float32
-    activations, a quarter of float32's memory, for decoding); "float" (the default) dequantizes them.
+    weights="gguf" keeps a GGUF file's Q8_0/Q4_1 matrices as the file's blocks (lumen.quant: a fifth of
+    float32's memory; a prompt's rows computed in float32, a decoded token's as llama.cpp computes it, its x
+    rounded to 8 bits per block); "float" (the default) dequantizes them.
 
     One explicit step after reading: `packing.fast_linears` turns the linear layers into FastLinear ones
     (the same parameters, no extra memory), whose one-row products compile into fused loops and whose
