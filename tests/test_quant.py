@@ -112,6 +112,21 @@ def test_quantized_embedding_rows(qtype):
     assert torch.equal(emb(idx), F.embedding(idx, reference))
 
 
+def test_kernels_that_do_not_build_say_why_and_leave_nothing(tmp_path, monkeypatch, capsys, cpp_compiler):
+    """A kernel source that does not compile: one line saying why and what runs instead, False (torch's
+    formula is used), and no half-built library left in the cache for the next run to load."""
+    from lumen import quant
+
+    broken = tmp_path / "quant.cpp"
+    broken.write_text("#include <torch/library.h>\nthis is not C++;\n")
+    monkeypatch.setenv("LUMEN_CACHE", str(tmp_path / "cache"))
+    assert quant._load_kernels(broken) is False
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("lumen: building the block kernels")
+    assert len(err) == 2 and "did not build" in err[1] and "torch's formula" in err[1]
+    assert not list((tmp_path / "cache" / "kernels").iterdir())
+
+
 def test_other_types_are_left_to_the_dequantizer():
     w = np.zeros((4, 32), dtype=np.float32)
     assert blocks_from_gguf(SimpleNamespace(data=w, tensor_type=Q.F32)) is None

@@ -61,8 +61,7 @@ def kernels() -> bool:
     return _kernels
 
 
-def _load_kernels() -> bool:
-    source = Path(__file__).with_name("quant.cpp")
+def _load_kernels(source: Path = Path(__file__).with_name("quant.cpp")) -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64") or not (shutil.which("c++") or shutil.which("g++")):
         return False
     cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
@@ -82,9 +81,10 @@ def _load_kernels() -> bool:
         else:
             torch.ops.load_library(str(lib))
     except Exception as e:  # no kernels is slower, not wrong: say why once and go on with torch's formula
-        why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        why = next((line for line in lines if "error:" in line), lines[-1]).strip()[:200]  # the compiler's
         print(f"lumen: the block kernels did not build ({why}); decoding from blocks uses torch's formula "
-              "(slower, the same numbers)", file=sys.stderr)
+              "(the same arithmetic, slower)", file=sys.stderr)
         return False
     return True
 
