@@ -61,7 +61,10 @@ def kernels() -> bool:
     return _kernels
 
 
-def _load_kernels(source: Path = Path(__file__).with_name("quant.cpp")) -> bool:
+SOURCE = Path(__file__).with_name("quant.cpp")
+
+
+def _load_kernels(source: Path = SOURCE) -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64") or not (shutil.which("c++") or shutil.which("g++")):
         return False
     cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
