@@ -80,7 +80,7 @@ def _load_kernels(source: Path = SOURCE) -> bool:
             with tempfile.TemporaryDirectory(dir=lib.parent) as build, atomic_path(lib) as out:
                 load("lumen_quant", [str(source)], extra_cflags=["-O3", "-march=native"], build_directory=build,
                      is_python_module=False)  # (and loads it)
-                shutil.copyfile(Path(build) / "lumen_quant.so", out)
+                shutil.copyfile(next(Path(build).glob("lumen_quant*.so")), out)  # (torch may add _v1 ...)
         else:
             torch.ops.load_library(str(lib))
     except Exception as e:  # no kernels is slower, not wrong: say why once and go on with torch's formula
