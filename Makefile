@@ -28,6 +28,10 @@ setup: $(BIN)/lumen
 	@command -v g++ >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
 	  && apt-get update -qq && apt-get install -y -qq g++ >/dev/null; } \
 	  || echo "g++ not installed: compiled runs fail, their tests are skipped (apt-get install -y g++, or --set compile=false)"
+	@# ninja: torch.utils.cpp_extension builds lumen's block kernels (lumen/quant.cpp) with it
+	@command -v ninja >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+	  && apt-get update -qq && apt-get install -y -qq ninja-build >/dev/null; } \
+	  || echo "ninja not installed: decoding from GGUF blocks uses torch's slower formula (apt-get install -y ninja-build)"
 
 # the main job on its built-in default
 # (--resume: a second `make` continues or re-reports the run in runs/shakespeare instead of refusing it)

@@ -3,6 +3,8 @@ matrices, and the real SmolLM2 decoded from its blocks against the dequantized f
 
 from __future__ import annotations
 
+import platform
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -67,6 +69,8 @@ def test_products_equal_their_references(qtype, kernels, cpp_compiler, monkeypat
 
     if kernels and "avx2" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("quant.cpp needs an x86-64 CPU with AVX2")
+    if kernels and shutil.which("ninja") is None:
+        pytest.skip("torch builds quant.cpp with ninja (apt-get install -y ninja-build)")
     assert quant.kernels() or not kernels  # where it can be built, it is (else decoding is ~2x slower)
     monkeypatch.setattr(quant, "_kernels", kernels)
     tensor, reference = quantized_tensor(qtype, seed=1)
@@ -117,6 +121,8 @@ def test_kernels_that_do_not_build_say_why_and_leave_nothing(tmp_path, monkeypat
     formula is used), and no half-built library left in the cache for the next run to load."""
     from lumen import quant
 
+    if shutil.which("ninja") is None:
+        pytest.skip("torch builds with ninja (apt-get install -y ninja-build)")
     broken = tmp_path / "quant.cpp"
     broken.write_text("#include <torch/library.h>\nthis is not C++;\n")
     monkeypatch.setenv("LUMEN_CACHE", str(tmp_path / "cache"))
@@ -125,6 +131,20 @@ def test_kernels_that_do_not_build_say_why_and_leave_nothing(tmp_path, monkeypat
     assert err[0].startswith("lumen: building the block kernels")
     assert len(err) == 2 and "did not build" in err[1] and "torch's formula" in err[1]
     assert not list((tmp_path / "cache" / "kernels").iterdir())
+
+
+def test_kernels_without_their_build_tools_say_so(tmp_path, monkeypatch, capsys):
+    """No ninja (or no compiler): one line naming what to install, False, and nothing written to the cache."""
+    from lumen import quant
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("quant.cpp is for x86-64")
+    monkeypatch.setenv("LUMEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(quant.shutil, "which", lambda name: None if name == "ninja" else f"/usr/bin/{name}")
+    assert quant._load_kernels() is False
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ninja-build" in err[0] and "torch's formula" in err[0]
+    assert not (tmp_path / "cache").exists()
 
 
 def test_other_types_are_left_to_the_dequantizer():

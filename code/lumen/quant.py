@@ -53,8 +53,8 @@ _kernels: bool | None = None  # quant.cpp: not yet tried, built and loaded, or u
 
 
 def kernels() -> bool:
-    """Whether quant.cpp's kernels are loaded: built the first time on this machine (g++, -march=native,
-    x86-64 with AVX2; ~10 s) into the lumen cache, keyed by the source, torch's version and the CPU."""
+    """Whether quant.cpp's kernels are loaded: built the first time on this machine (g++ and ninja,
+    -march=native, x86-64 with AVX2; ~10 s) into the lumen cache, keyed by the source, torch's version and the CPU."""
     global _kernels
     if _kernels is None:
         _kernels = _load_kernels()
@@ -65,7 +65,11 @@ SOURCE = Path(__file__).with_name("quant.cpp")
 
 
 def _load_kernels(source: Path = SOURCE) -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64") or not (shutil.which("c++") or shutil.which("g++")):
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    if not (shutil.which("c++") or shutil.which("g++")) or not shutil.which("ninja"):  # what torch builds with
+        print("lumen: no C++ compiler or ninja to build the block kernels (apt-get install g++ ninja-build); "
+              "decoding from blocks uses torch's formula (the same arithmetic, slower)", file=sys.stderr)
         return False
     cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
     flags = next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
@@ -163,6 +167,7 @@ class Blocks(nn.Module):
         xb = (stored(x) if torch.compiler.is_compiling() else x).reshape(n // BLOCK, BLOCK)
         step = xb.abs().amax(-1) / 127
         xq = torch.round(xb * torch.where(step > 0, 1 / step, 0)[:, None])
+        total = xb.sum(-1)  # each block's float sum, for the minima
         slab = out if torch.compiler.is_compiling() else SLAB
         parts = []
         for i in range(0, out, slab):
@@ -170,7 +175,7 @@ class Blocks(nn.Module):
             sums = (self.block_codes(rows).float() * xq).sum(-1)  # (rows, blocks): integers
             y = (sums * (self.scale[rows] * step)).sum(-1)
             if self.minimum is not None:
-                y = y + (self.minimum[rows] * xb.sum(-1)).sum(-1)
+                y = y + (self.minimum[rows] * total).sum(-1)
             parts.append(y)
         return torch.cat(parts)
 
