@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo test test-fast lint typecheck bench
+.PHONY: all setup demo test test-slow test-fast lint typecheck bench
 
 all: demo
 
@@ -38,13 +38,19 @@ setup: $(BIN)/lumen
 demo: setup
 	$(BIN)/lumen train --preset shakespeare --resume
 
-# the full suite, after the linter and the type checker (CI runs this, via .ci/run)
+# the linter, the type checker, then the unit tests and one real-model smoke test per feature (CI runs this,
+# via .ci/run: under 10 minutes on a busy 2-core machine)
 test: lint typecheck
-	$(BIN)/python -m pytest -q
-
-# the inner loop: everything but the slow tests (real model, subprocesses, training runs)
-test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# the slow tier: every real-model comparison, compiled paths, subprocesses and training runs, a fresh install,
+# and every command of the README and docs as a newcomer types them (about an hour on 2 cores)
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+# the inner loop: the unit tests alone (no real model, no compiling)
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow and not smoke"
 
 lint: setup
 	$(BIN)/ruff check code tests bench

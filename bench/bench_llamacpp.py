@@ -52,16 +52,19 @@ warnings.filterwarnings("ignore")
 import torch
 sys.path.insert(0, sys.argv[5])
 from rss import status_kib
+from lumen import fast
+from lumen.decode import GREEDY, stream
 from lumen.formats import load
 torch.set_num_threads(int(sys.argv[2]))
-loaded = load("smollm2", weights=sys.argv[1])
+loaded = fast.load_blocks("smollm2") if sys.argv[1] == "gguf" else load("smollm2")
 model, tok = loaded.model, loaded.tokenizer
 ids = torch.tensor([tok.encode(sys.argv[4])])
 n, compile = int(sys.argv[3]), sys.argv[6] == "compiled"
-with torch.inference_mode():
-    model.generate(ids, 4, temperature=0, compile=compile)  # compiles (not counted)
+with torch.inference_mode(), fast.decoding(model, compile) as decoder:
+    decoder.generate(ids, 4, temperature=0)  # compiles (not counted)
     stamps, out = [], []
-    for t in model.stream(ids, n, temperature=0, compile=compile):
+    # (the thread count fixed by --threads: the steps of lumen.decode through the door's step, untuned)
+    for t in stream(model, ids, n, GREEDY, step=decoder.step, cache_slots=256 if compile else None):
         stamps.append(time.perf_counter()); out.append(int(t[0]))
 print(json.dumps({"tok_s": (n - 1) / (stamps[-1] - stamps[0]), "max_rss_mib": status_kib("VmHWM") / 1024,
                   "text": tok.decode(out)}))

@@ -7,8 +7,9 @@ Both load the same GGUF file and run greedy decoding with a KV cache. For each d
   prefill  tokens/s of one forward pass over a 512-token prompt (all logits, as both models compute them)
   decode   tokens/s of greedy decoding of 128 new tokens after a short prompt (KV cache; prefill included)
   memory   the weights' bytes (with packed copies), and the peak extra resident memory (Linux VmHWM)
-for lumen eager and compiled (`model.compiled()` for the prefill, `generate(..., compile=True)` for
-decoding; the time to compile is printed, not counted), and the ratios lumen/HF, by wall time and by CPU time; the goals
+for lumen eager and compiled, both through the speed wing's door as `lumen generate` runs them
+(`lumen.fast.decoding(model, compile)`: its step for the prefill, its generate for decoding; the time to compile
+is printed, not counted), and the ratios lumen/HF, by wall time and by CPU time; the goals
 are decode >= 2x HF fp32, bf16 weights >= 3x HF fp32, prefill >= 1.2x.
 Timings are medians over --repeats rounds that take lumen eager, lumen compiled and HF in turn (the
 machine may be shared: run it twice). On a machine shared by more busy processes than cores,
@@ -27,6 +28,7 @@ import time
 
 import torch
 
+from lumen import fast
 from rss import reset_peak, status_kib  # bench/rss.py (the script's own folder is on sys.path)
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
@@ -36,28 +38,32 @@ FILLER = (
 )
 
 
-def timed(fns: dict, repeats: int) -> dict[str, tuple[float, float, float]]:
-    """{name: (median wall seconds, median CPU seconds of this process, peak extra MiB)} of each fn()
-    over repeats rounds after one warm-up each. The rounds take the contenders in turn, so a machine
-    that slows down or speeds up midway affects them alike; CPU time counts only the work done."""
-    for fn in fns.values():
-        fn()
-    walls, cpus = {name: [] for name in fns}, {name: [] for name in fns}
-    peak = dict.fromkeys(fns, 0.0)
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            base = status_kib("VmRSS")
-            reset_peak()
-            t, c = time.perf_counter(), time.process_time()
-            fn()
-            walls[name].append(time.perf_counter() - t)
-            cpus[name].append(time.process_time() - c)
-            peak[name] = max(peak[name], (status_kib("VmHWM") - base) / 1024)
-    return {name: (statistics.median(walls[name]), statistics.median(cpus[name]), peak[name]) for name in fns}
+def timed(contenders: dict, repeats: int) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """{contender: {task: (median wall seconds, median CPU seconds of this process, peak extra MiB)}}: each
+    contender is (a context to run inside, e.g. lumen.fast's door, entered once per round outside the timing;
+    {task: fn}). The rounds take the contenders in turn, so a machine that slows down or speeds up midway
+    affects them alike; each task is run once untimed first; CPU time counts only the work done."""
+    walls = {name: {task: [] for task in tasks} for name, (_, tasks) in contenders.items()}
+    cpus = {name: {task: [] for task in tasks} for name, (_, tasks) in contenders.items()}
+    peak = {name: dict.fromkeys(tasks, 0.0) for name, (_, tasks) in contenders.items()}
+    for r in range(repeats + 1):
+        for name, (context, tasks) in contenders.items():
+            with context():
+                for task, fn in tasks.items():
+                    base = status_kib("VmRSS")
+                    reset_peak()
+                    t, c = time.perf_counter(), time.process_time()
+                    fn()
+                    if r:  # round 0 warms up
+                        walls[name][task].append(time.perf_counter() - t)
+                        cpus[name][task].append(time.process_time() - c)
+                        peak[name][task] = max(peak[name][task], (status_kib("VmHWM") - base) / 1024)
+    return {name: {task: (statistics.median(walls[name][task]), statistics.median(cpus[name][task]),
+                          peak[name][task]) for task in tasks} for name, (_, tasks) in contenders.items()}
 
 
 def weights_mib(model: torch.nn.Module) -> float:
-    """Parameters (a tied matrix once; inside packing.packed, the packed weights instead), in MiB."""
+    """Parameters (a tied matrix once), in MiB."""
     seen, total = set(), 0
     for p in model.parameters():
         if p.data_ptr() not in seen:
@@ -94,24 +100,35 @@ def bench(dtype: torch.dtype, n_prefill: int, n_decode: int, repeats: int) -> di
     short = torch.tensor([tok.encode(PROMPT)])
     eos = tok.eos_id
 
-    def lumen_decode(compile: bool = False):
-        from lumen.packing import packed
+    doors: dict[str, fast.Decoder] = {}
 
-        with contextlib.nullcontext() if compile else packed(model):  # as `lumen generate` decodes
-            return model.generate(short, n_decode, temperature=0, compile=compile)
+    @contextlib.contextmanager
+    def door(compile: bool):  # lumen.fast's door, as `lumen generate` decodes
+        with fast.decoding(model, compile) as decoder:
+            doors["compiled" if compile else "eager"] = decoder
+            yield
+
+    def lumen_decode(compile: bool = False):
+        return doors["compiled" if compile else "eager"].generate(short, n_decode, temperature=0)
 
     t = time.perf_counter()
-    lumen_decode(compile=True), model.compiled()(prompt)  # compiles the one-token step and the prefill
+    with door(compile=True):  # compiles the one-token step and the prefill
+        lumen_decode(compile=True), doors["compiled"].step(prompt)
     compile_s = time.perf_counter() - t
 
     def hf_decode():
         return hf.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=n_decode,
                            min_new_tokens=n_decode, do_sample=False, pad_token_id=eos)
 
-    prefills = {"lumen": lambda: model(prompt), "lumen-compiled": lambda: model.compiled()(prompt),
-                "hf": lambda: hf(prompt, use_cache=False)}
-    decodes = {"lumen": lumen_decode, "lumen-compiled": lambda: lumen_decode(compile=True), "hf": hf_decode}
-    pre, dec = timed(prefills, repeats), timed(decodes, repeats)
+    contenders = {
+        "lumen": (lambda: door(False), {"prefill": lambda: doors["eager"].step(prompt), "decode": lumen_decode}),
+        "lumen-compiled": (lambda: door(True), {"prefill": lambda: doors["compiled"].step(prompt),
+                                                "decode": lambda: lumen_decode(True)}),
+        "hf": (contextlib.nullcontext, {"prefill": lambda: hf(prompt, use_cache=False), "decode": hf_decode}),
+    }
+    times = timed(contenders, repeats)
+    pre, dec = {who: t["prefill"] for who, t in times.items()}, {who: t["decode"] for who, t in times.items()}
+    prefills = contenders
     out = {}
     for who in prefills:
         (t_pre, c_pre, mem_pre), (t_dec, c_dec, mem_dec) = pre[who], dec[who]
@@ -124,8 +141,10 @@ def bench(dtype: torch.dtype, n_prefill: int, n_decode: int, repeats: int) -> di
     # HF's greedy tokens up to where it stops (its timed runs were held to n_decode tokens, past an end token)
     theirs = hf.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=n_decode, do_sample=False,
                          pad_token_id=eos)[0, short.size(1):].tolist()
-    out["same_tokens"] = {who: fn()[0, short.size(1):].tolist()[: len(theirs)] == theirs
-                          for who, fn in (("lumen", lumen_decode), ("lumen-compiled", lambda: lumen_decode(True)))}
+    out["same_tokens"] = {}
+    for who, compile in (("lumen", False), ("lumen-compiled", True)):
+        with door(compile):
+            out["same_tokens"][who] = lumen_decode(compile)[0, short.size(1):].tolist()[: len(theirs)] == theirs
     out["compile_s"] = compile_s
     return out
 

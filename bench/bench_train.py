@@ -52,7 +52,7 @@ def contender(impl: str, bf16: bool, compiled: bool, args: argparse.Namespace):
     """(model config, a function that takes one training step) for lumen or HF."""
     import torch
 
-    from lumen.model import COMPILE_OPTIONS
+    from lumen.compiling import COMPILE_OPTIONS
     from lumen.train import TrainConfig
     from lumen.train.loop import run_settings, training_attention
     from lumen.train.optim import make_optimizer

@@ -60,7 +60,7 @@ def nanogpt(repo: Path):
 
 
 def evaluate(repo: Path, ckpt_dir: Path, run_dir: Path) -> None:
-    from lumen.formats.checkpoint import load_run
+    from lumen.formats import load
     from lumen.train.config import load_config
 
     GPT, GPTConfig = nanogpt(repo)
@@ -71,7 +71,7 @@ def evaluate(repo: Path, ckpt_dir: Path, run_dir: Path) -> None:
     logits_of = lambda x: theirs(x, x)[0]  # noqa: E731  (given targets, nanoGPT returns every position's logits)
     print(f"nanoGPT {ckpt_dir} (iter {ck['iter_num']}): "
           f"{nats_per_char(logits_of, prepare('shakespeare', 'char'), ck['model_args']['block_size']):.4f} nats/char")
-    ours, _ = load_run(run_dir)
+    ours = load(run_dir).model
     cfg, _ = load_config(str(run_dir / "config.toml"))
     print(f"lumen {run_dir}: {nats_per_char(lambda x: ours(x)[0], cfg.prepare_data(), ours.cfg.context):.4f} nats/char")
 

@@ -78,12 +78,16 @@ def smollm2_hf_tokenizer(smollm2_gguf):
     return transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
 
 
-# a test that loads SmolLM2 (in lumen or in transformers) or compiles with torch.compile is a slow test
+# a test that loads SmolLM2 (in lumen or in transformers) or compiles with torch.compile is a slow test, unless
+# it is its feature's one smoke test (`@pytest.mark.smoke`), which `make test` keeps
 SLOW_FIXTURES = {"smollm2", "smollm2_loaded", "smollm2_tokenizer", "smollm2_hf", "smollm2_hf_tokenizer", "cpp_compiler"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """`make test-fast` (-m "not slow") skips every test that loads the real model or compiles, marked or not."""
+    """The tiers: `make test` runs everything not marked slow (the unit tests and one real-model smoke test per
+    feature); `make test-slow` the rest. A test that loads the real model or compiles is slow unless it is a
+    smoke test."""
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        real = SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if real and item.get_closest_marker("smoke") is None:
             item.add_marker(pytest.mark.slow)

@@ -114,6 +114,7 @@ def test_top_components_and_errors():
 
 
 @torch.no_grad()
+@pytest.mark.smoke  # (this feature's real-model test in make test)
 def test_smollm2_paris_over_rome_sums_to_its_logit_difference(smollm2, smollm2_tokenizer):
     tok = smollm2_tokenizer
     prompt = tok.encode("The Eiffel Tower is in the city of")

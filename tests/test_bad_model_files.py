@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 from lumen.config import ModelConfig
 from lumen.errors import ConfigError, LumenError, ModelFileError
 from lumen.formats import load
-from lumen.formats.checkpoint import load_run, save_checkpoint
+from lumen.formats.checkpoint import save_checkpoint
 from lumen.formats.gguf import GGUFError, read_gguf
-from lumen.formats.hf import load_hf_dir, save_hf_dir
+from lumen.formats.hf import save_hf_dir
 from lumen.inspect.tuned_lens import TunedLens
 from lumen.tokenizers import Tokenizer
 from test_fuzz_files import MERGES, TEMPLATES, TOKENS, gguf_layout, tiny_gpt2, tiny_llama, write_gguf
@@ -170,20 +170,20 @@ def test_checkpoint_tokenizer_larger_than_the_model(tmp_path):
     model, _ = tiny_gpt2()
     save_checkpoint(tmp_path / "ck", model, TEMPLATES.bpe)
     with pytest.raises(ModelFileError, match="tokenizer.json: the tokenizer has .* token ids"):
-        load_run(tmp_path / "ck")
+        load(tmp_path / "ck")
 
 
 def test_run_with_damaged_best_json_and_a_stray_folder(tmp_path):
     model, tok = tiny_gpt2()
     save_checkpoint(tmp_path / "run/checkpoints/step-5", model, tok)
     (tmp_path / "run/checkpoints/step-abc").mkdir()
-    loaded, _ = load_run(tmp_path / "run")  # the stray folder is not a checkpoint
+    loaded = load(tmp_path / "run").model  # the stray folder is not a checkpoint
     torch.testing.assert_close(loaded.lm_head.weight, model.lm_head.weight)
     # a best.json that is damaged or points outside the run is not followed: the run's latest checkpoint loads
     save_checkpoint(tmp_path / "elsewhere", tiny_gpt2(seed=1)[0], tok)
     for damaged in ('{"checkpoint": "../../elsewhere"}', '{"checkpoint": ', "[]", '{"checkpoint": 3}'):
         (tmp_path / "run/best.json").write_text(damaged)
-        loaded, _ = load_run(tmp_path / "run")
+        loaded = load(tmp_path / "run").model
         torch.testing.assert_close(loaded.lm_head.weight, model.lm_head.weight, rtol=0, atol=0)
 
 
@@ -197,7 +197,7 @@ def test_hf_stray_safetensors_does_not_override_the_weights(tmp_path):
     model, path = hf_dir(tmp_path)
     state = load_file(path / "model.safetensors")
     save_file({k: torch.zeros_like(v) for k, v in state.items()}, path / "zz-old-copy.safetensors")
-    torch.testing.assert_close(load_hf_dir(path).lm_head.weight, model.lm_head.weight)
+    torch.testing.assert_close(load(path).model.lm_head.weight, model.lm_head.weight)
 
 
 def test_hf_sharded_weights_come_from_the_index(tmp_path):
@@ -210,10 +210,10 @@ def test_hf_sharded_weights_come_from_the_index(tmp_path):
         save_file({k: state[k] for k in keys}, path / f)
     weight_map = {k: f for f, keys in shards.items() for k in keys}
     (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    torch.testing.assert_close(load_hf_dir(path).lm_head.weight, model.lm_head.weight)
+    torch.testing.assert_close(load(path).model.lm_head.weight, model.lm_head.weight)
     (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {names[0]: "../a.safetensors"}}))
     with pytest.raises(ModelFileError, match="weight_map must name .safetensors files in"):
-        load_hf_dir(path)
+        load(path)
 
 
 def test_hf_config_with_fewer_layers_than_the_weights(tmp_path):
@@ -221,7 +221,7 @@ def test_hf_config_with_fewer_layers_than_the_weights(tmp_path):
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps(cfg | {"num_hidden_layers": 1}))
     with pytest.raises(ModelFileError, match="config.json says 1 layers but the weights hold layers"):
-        load_hf_dir(path)
+        load(path)
 
 
 @pytest.mark.parametrize("key, value", [("hidden_size", "32"), ("rms_norm_eps", None), ("num_attention_heads", 0),
@@ -231,7 +231,7 @@ def test_hf_config_value_of_the_wrong_type(tmp_path, key, value):
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps(cfg | {key: value}))
     with pytest.raises(ModelFileError, match=f"config.json: .*{key}"):
-        load_hf_dir(path)
+        load(path)
 
 
 # --- tuned lenses ----------------------------------------------------------------------------------
@@ -261,5 +261,7 @@ def test_every_spec_form_names_the_damaged_file(tmp_path):
 
 def test_gguf_template_itself_loads(tmp_path):
     """(The files the tests above damage are valid to start with.)"""
-    cfg, state, tok = read_gguf(TEMPLATES.root / "base.gguf")
-    assert cfg.n_layers == 2 and np.isfinite(state["tok_emb.weight"].numpy()).all() and tok.vocab_size == len(TOKENS)
+    w = read_gguf(TEMPLATES.root / "base.gguf")
+    cfg, state, tok = w.cfg, w.state, w.tokenizer
+    assert tok is not None and cfg.n_layers == 2 and tok.vocab_size == len(TOKENS)
+    assert np.isfinite(state["tok_emb.weight"].numpy()).all()

@@ -9,6 +9,7 @@ import argparse
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +18,10 @@ import pytest
 import torch
 
 import lumen
+from helpers.runs import TEXT, tiny_run
 from lumen import GPT, ModelConfig
 from lumen.cli import build_parser, main
 from lumen.formats.checkpoint import save_checkpoint
-from test_inspect_cli import TEXT, tiny_run
 
 CODE = Path(__file__).resolve().parents[1] / "code"
 
@@ -206,7 +207,7 @@ def test_one_naming_scheme_for_layers_across_lens_heads_and_deletion(files, caps
     assert [r["block"] for r in json.loads(capsys.readouterr().out)["rows"]] == [0, 1, 2]
     assert main(["heads", run, *corpus, "--half", "4"]) == 0
     out = capsys.readouterr().out
-    assert "block   " in out and "layer" not in out
+    assert re.search(r"block \d+ head \d+ ", out) and "layer" not in out  # names.display's scheme
     assert main(["tuned-lens", "train", run, *corpus[:2], "--steps", "1", "--seq-len", "16", "--eval-windows", "2",
                  "--out", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["after"] == names
@@ -307,6 +308,8 @@ def test_old_option_spellings_still_parse():
     assert p.parse_args(["delete-layer", "m", "--layers", "0,2"]).blocks == "0,2"
     assert p.parse_args(["tuned-lens", "eval", "m", "lens", "--report", "d"]).out == "d"
     assert "--report" not in p._subparsers._group_actions[0].choices["tuned-lens"].format_help()
+    for command in ("lens", "neurons"):  # --top-k is generate's sampling option: elsewhere only an old spelling
+        assert "--top-k" not in p._subparsers._group_actions[0].choices[command].format_help()
 
 
 def test_an_experiment_shows_its_training_steps_on_a_terminal(monkeypatch):

@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 import torch
 
+from helpers.models import peaked_tiny_model
 from lumen.errors import UserError
 from lumen.inspect import TunedLens, logit_lens, run_with_cache
 from lumen.inspect.attribution import attribute
@@ -21,7 +22,6 @@ from lumen.report.explore import explore_data, explore_page
 from lumen.report.figures import visible
 from lumen.report.html import colour
 from lumen.report.serve import make_server
-from test_report import peaked_tiny_model
 
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n"
 PROMPT = "To be, or not to"

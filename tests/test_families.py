@@ -7,17 +7,9 @@ transformers' generate, and a lumen model written as a HF directory loads in tra
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import (
-    GemmaConfig,
-    GemmaForCausalLM,
-    GPTNeoXConfig,
-    GPTNeoXForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from transformers import GemmaConfig, Qwen2Config
 
+from helpers.families import V
 from lumen import GPT, ModelConfig
 from lumen.accounting import count, formula
 from lumen.block import ParallelBlock
@@ -34,38 +26,6 @@ from lumen.inspect import (
     train_tuned_lens,
     value_logits,
 )
-
-V = 97
-SHAPES = {
-    "neox-parallel": lambda: GPTNeoXForCausalLM(GPTNeoXConfig(
-        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-        max_position_embeddings=48, rotary_pct=0.25, hidden_act="gelu")),
-    "neox-sequential-half": lambda: GPTNeoXForCausalLM(GPTNeoXConfig(
-        vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=3,
-        max_position_embeddings=48, rotary_pct=0.5, rotary_emb_base=1000, use_parallel_residual=False,
-        hidden_act="gelu_new", tie_word_embeddings=True)),
-    "qwen2-gqa": lambda: Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=48, rope_theta=100000.0)),
-    "qwen2-tied-mha": lambda: Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=6, max_position_embeddings=48, tie_word_embeddings=True)),
-    "gemma-mqa-wide-heads": lambda: GemmaForCausalLM(GemmaConfig(
-        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=48)),
-    "gemma-gqa-narrow-heads": lambda: GemmaForCausalLM(GemmaConfig(
-        vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=48, hidden_act="gelu")),
-    "mistral-window-5": lambda: MistralForCausalLM(MistralConfig(
-        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=48, sliding_window=5)),
-    "mistral-window-12-mqa": lambda: MistralForCausalLM(MistralConfig(
-        vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, max_position_embeddings=48, sliding_window=12, tie_word_embeddings=True)),
-}
-HF_CLASSES = {"gpt_neox": GPTNeoXForCausalLM, "qwen2": Qwen2ForCausalLM, "gemma": GemmaForCausalLM,
-              "mistral": MistralForCausalLM}
-
 
 # --- the chapter's accounting -------------------------------------------------------------------------
 

@@ -37,16 +37,16 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter, quants
 from gguf import GGUFValueType as V
 
+from helpers.gguf import GGUF_NAMES, gguf_tensors
 from lumen.config import ModelConfig
 from lumen.errors import LumenError
-from lumen.formats import _load
+from lumen.formats import load
 from lumen.formats.checkpoint import save_checkpoint
 from lumen.formats.gguf import tokenizer_from_gguf
 from lumen.formats.hf import save_hf_dir
 from lumen.inspect.tuned_lens import TunedLens
 from lumen.model import GPT
 from lumen.tokenizers import CharTokenizer
-from test_gguf import GGUF_NAMES, gguf_tensors
 
 pytestmark = pytest.mark.fuzz
 logging.getLogger("gguf").setLevel(logging.ERROR)
@@ -175,7 +175,7 @@ class Templates:
             for t in lens.translators:
                 t.lin.weight.normal_(0, 0.01)
         self.lens = lens.save(root / "lens.safetensors").read_bytes()
-        _load(str(root / "base.gguf"), "cpu", torch.float32)  # (the first load imports much: not in a case's time)
+        load(root / "base.gguf")  # (the first load imports much: not in a case's time)
         with torch.no_grad():
             self.logits = {"llama": self.llama(IDS)[0], "llama_untied": self.llama_untied(IDS)[0],
                            "gpt2": self.gpt2(IDS)[0]}
@@ -646,8 +646,8 @@ def lens_cases(T: Templates, n_random: int) -> list[Case]:
 def load_case(case: Case, spec: Path, T: Templates) -> None:
     """Load the input; if it loads, check that what came back works (else AssertionError)."""
     if case.family in ("gguf", "checkpoint", "hf"):
-        # (formats.load is _load and then the CPU weight packing, which has nothing to check)
-        model, tok = _load(str(spec), "cpu", torch.float32)
+        loaded = load(spec)
+        model, tok = loaded.model, loaded.tokenizer
         with torch.no_grad():
             logits = model(IDS[:, : model.cfg.context])[0]
         assert torch.isfinite(logits).all(), "loaded a model whose logits are not finite"

@@ -4,21 +4,17 @@ defaults and their checks through the real `lumen generate` command, and which c
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from lumen import GPT, ModelConfig
+from lumen import GPT, ModelConfig, fast
 from lumen.cli import main
+from lumen.decode import Sampling, sample_next
 from lumen.formats.checkpoint import save_checkpoint
-from lumen.model import sample_next
 from lumen.tokenizers import ByteTokenizer
 
-CODE = Path(__file__).resolve().parents[1] / "code"
 TINY = ModelConfig(vocab_size=256, context=16, d_model=32, n_layers=2, n_heads=4, dropout=0.0)
 
 
@@ -61,7 +57,7 @@ def test_sampling_past_the_context_draws_from_the_reference_distribution():
     model = tiny("learned", seed=3)
     idx = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(4))
     gen = torch.Generator().manual_seed(5)
-    want = recompute_every_step(model, idx, 30, lambda z: sample_next(z, 0.8, None, 0.95, gen))
+    want = recompute_every_step(model, idx, 30, lambda z: sample_next(z, Sampling(0.8, top_p=0.95), gen))
     got = model.generate(idx, 30, temperature=0.8, top_p=0.95, generator=torch.Generator().manual_seed(5))
     assert torch.equal(got, want)
 
@@ -71,7 +67,7 @@ def test_compiled_decoding_slides_too(cpp_compiler):
     model = tiny("rope", seed=6)
     idx = torch.randint(0, 256, (1, 4), generator=torch.Generator().manual_seed(7))
     want = recompute_every_step(model, idx, 30, lambda z: z.argmax(-1))
-    assert torch.equal(model.generate(idx, 30, temperature=0, compile=True), want)
+    assert torch.equal(fast.generate(model, idx, 30, temperature=0, compile=True), want)
 
 
 def test_sampling_settings_are_checked_before_decoding():
@@ -87,7 +83,7 @@ def test_sampling_settings_are_checked_before_decoding():
         model.generate(idx, 2, top_k=0)
     # the smallest accepted temperature on logits 100 apart: the softmax is one-hot, never NaN
     logits = torch.tensor([[0.0, 100.0, -50.0]])
-    assert sample_next(logits, 1e-4, generator=torch.Generator().manual_seed(0)).item() == 1
+    assert sample_next(logits, Sampling(1e-4, top_p=None), generator=torch.Generator().manual_seed(0)).item() == 1
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -100,17 +96,11 @@ def saved(tmp_path_factory) -> tuple[Path, GPT]:
     return path, model
 
 
-def lumen(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{CODE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "PYTHONIOENCODING": "utf-8"}
-    env.pop("LUMEN_DEBUG", None)
-    return subprocess.Popen([sys.executable, "-m", "lumen", *args], env=env, encoding="utf-8",
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def finish(p: subprocess.Popen) -> tuple[int, str, str]:
-    out, err = p.communicate(timeout=300)
-    return p.returncode, out, err
+def lumen(capsys, *args: str) -> tuple[int, str, str]:
+    """The real command, in this process: (exit code, stdout, stderr)."""
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def text_of(model: GPT, prompt: str, n: int, **kw) -> str:
@@ -119,25 +109,23 @@ def text_of(model: GPT, prompt: str, n: int, **kw) -> str:
     return tok.decode(ids.tolist())
 
 
-def test_generate_command_samples_past_the_context_and_repeats_with_its_seed(saved):
+def test_generate_command_samples_past_the_context_and_repeats_with_its_seed(saved, capsys):
     path, model = saved
     prompt = ["generate", str(path), "--prompt", "ROMEO:", "--max-new-tokens", "40"]  # 6 + 40 > context 16
-    code, first, err = finish(lumen(*prompt))
+    code, first, err = lumen(capsys, *prompt)
     assert code == 0, err
     # the defaults: sampling at temperature 0.8 and top-p 0.95, with the seed said on stderr
     assert "temperature 0.8, top-p 0.95" in err
     seed = int(err.split("--seed ")[1].split()[0])
     assert first == text_of(model, "ROMEO:", 40, temperature=0.8, top_p=0.95,
                             generator=torch.Generator().manual_seed(seed)) + "\n"
-    again = lumen(*prompt, "--seed", str(seed))
-    greedy = lumen(*prompt, "--greedy")
-    assert finish(again)[:2] == (0, first)
-    code, out, err = finish(greedy)
+    assert lumen(capsys, *prompt, "--seed", str(seed))[:2] == (0, first)
+    code, out, err = lumen(capsys, *prompt, "--greedy")
     assert code == 0 and "greedy decoding" in err
     assert out == text_of(model, "ROMEO:", 40, temperature=0) + "\n"
 
 
-def test_generate_command_rejects_bad_sampling_settings_in_one_line(saved):
+def test_generate_command_rejects_bad_sampling_settings_in_one_line(saved, capsys):
     path, _ = saved
     base = ["generate", str(path), "--prompt", "hi", "--max-new-tokens", "3"]
     cases = {
@@ -150,9 +138,8 @@ def test_generate_command_rejects_bad_sampling_settings_in_one_line(saved):
         ("--seed", str(10**23)): "--seed",
         ("--greedy", "--temperature=0.7"): "--greedy",
     }
-    running = {case: lumen(*base, *case) for case in cases}
     for case, word in cases.items():
-        code, out, err = finish(running[case])
+        code, out, err = lumen(capsys, *base, *case)
         assert code == 2, (case, err)
         assert err.count("\n") == 1 and err.startswith("lumen generate: error:") and word in err, (case, err)
         assert "Traceback" not in err and out == ""
@@ -172,11 +159,11 @@ def test_generate_says_which_checkpoint_of_a_run_it_read(tmp_path, capsys):
 
 
 def test_generate_takes_the_defaults_of_a_generation_config(tmp_path, capsys):
+    from lumen.formats import load
     from lumen.formats.hf import save_hf_dir
 
     model = tiny("learned", seed=11)
-    save_hf_dir(model, tmp_path / "hf")
-    ByteTokenizer().save(tmp_path / "hf")
+    save_hf_dir(model, tmp_path / "hf", ByteTokenizer())
     (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.6,
                                                                          "top_k": 20, "top_p": 0.9}))
     args = ["generate", str(tmp_path / "hf"), "--prompt", "ab", "--max-new-tokens", "5", "--seed", "3"]
@@ -185,6 +172,13 @@ def test_generate_takes_the_defaults_of_a_generation_config(tmp_path, capsys):
     assert "temperature 0.6, top-p 0.9, top-k 20" in got.err and "generation_config.json" in got.err
     assert got.out == text_of(model, "ab", 5, temperature=0.6, top_p=0.9, top_k=20,
                               generator=torch.Generator().manual_seed(3)) + "\n"
+    # a Python caller of the loaded model gets the same defaults, through lumen.decode and through lumen.fast
+    loaded = load(tmp_path / "hf").model
+    assert loaded.sampling == Sampling(temperature=0.6, top_p=0.9, top_k=20)
+    idx, g = torch.tensor([[97, 98]]), lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    want = model.generate(idx, 5, temperature=0.6, top_p=0.9, top_k=20, generator=g())
+    assert torch.equal(loaded.generate(idx, 5, generator=g()), want)
+    assert torch.equal(fast.generate(loaded, idx, 5, generator=g()), want)
     (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({"do_sample": False}))
     assert main(args) == 0
     got = capsys.readouterr()

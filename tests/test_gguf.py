@@ -8,111 +8,10 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter, quants
 
+from helpers.gguf import GGUF_NAMES, TOKENS, tiny_model, write_gguf
 from lumen.formats import load
-from lumen.formats.gguf import GGUFError, load_gguf, read_gguf
-from lumen.model import GPT
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
-
-
-def byte_alphabet() -> list[str]:
-    """GPT-2's printable stand-ins for the 256 byte values (the byte-level BPE alphabet)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
-TOKENS = SPECIALS + byte_alphabet() + ["".join(m.split(" ")) for m in MERGES]
-
-
-def tiny_model(tie: bool = True, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    cfg = GPT.from_preset("baby-llama").cfg.replace(
-        vocab_size=len(TOKENS), context=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96,
-        rope_theta=50000.0, norm_eps=2.0**-16, tie_embeddings=tie,  # eps exact in float32
-    )
-    model = GPT(cfg).eval()
-    with torch.no_grad():  # norms away from 1, so a swapped gain would show
-        for name, p in model.named_parameters():
-            if name.endswith(".g"):
-                p.uniform_(0.5, 1.5)
-    return model
-
-
-def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """What llama.cpp's converter does to W_Q and W_K rows: interleave each head's two halves."""
-    out, d_in = w.shape
-    return w.reshape(n_heads, 2, out // n_heads // 2, d_in).swapaxes(1, 2).reshape(out, d_in)
-
-
-GGUF_NAMES = {"ln1.g": "attn_norm.weight", "attn.q.weight": "attn_q.weight", "attn.k.weight": "attn_k.weight",
-              "attn.v.weight": "attn_v.weight", "attn.out.weight": "attn_output.weight", "ln2.g": "ffn_norm.weight",
-              "mlp.w_gate.weight": "ffn_gate.weight", "mlp.w_up.weight": "ffn_up.weight",
-              "mlp.w_down.weight": "ffn_down.weight"}
-
-
-def gguf_tensors(model: GPT) -> dict[str, np.ndarray]:
-    """A lumen model's weights as llama.cpp's converter writes them: GGUF names, W_Q/W_K rows permuted."""
-    cfg = model.cfg
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    out = {"token_embd.weight": sd["tok_emb.weight"], "output_norm.weight": sd["ln_f.g"]}
-    if not cfg.tie_embeddings:
-        out["output.weight"] = sd["lm_head.weight"]
-    for i in range(cfg.n_layers):
-        for ours, theirs in GGUF_NAMES.items():
-            t = sd[f"blocks.{i}.{ours}"]
-            if ours in ("attn.q.weight", "attn.k.weight"):
-                t = llama_cpp_permute(t, cfg.n_heads if ours == "attn.q.weight" else cfg.kv_heads)
-            out[f"blk.{i}.{theirs}"] = t
-    return out
-
-
-def write_gguf(path, model: GPT, types: dict[str, Q] | None = None, arch: str = "llama", pre: str = "smollm",
-               extra: dict[str, np.ndarray] | None = None) -> None:
-    """model as a llama.cpp GGUF file; `types` picks a quantization per GGUF tensor name (default F32);
-    `extra` adds tensors as they are."""
-    cfg, types = model.cfg, types or {}
-    w = GGUFWriter(str(path), arch)
-    w.add_name("tiny")
-    w.add_block_count(cfg.n_layers)
-    w.add_context_length(cfg.context)
-    w.add_embedding_length(cfg.d_model)
-    w.add_feed_forward_length(cfg.hidden)
-    w.add_head_count(cfg.n_heads)
-    w.add_head_count_kv(cfg.kv_heads)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_rope_dimension_count(cfg.head_dim)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(TOKENS)
-    w.add_token_types([3] * len(SPECIALS) + [1] * (len(TOKENS) - len(SPECIALS)))
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
-    tensors = gguf_tensors(model)
-    tensors.update(extra or {})
-    for name, t in tensors.items():
-        kind = types.get(name, Q.F32)
-        if kind == Q.F32:
-            w.add_tensor(name, np.ascontiguousarray(t))
-        else:
-            w.add_tensor(name, quants.quantize(np.ascontiguousarray(t), kind), raw_dtype=kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+from lumen.formats.gguf import GGUFError, read_gguf
 
 
 def hf_logits(hf_from_gguf, path, ids: torch.Tensor) -> torch.Tensor:
@@ -127,13 +26,14 @@ IDS = torch.tensor([[5, 70, 3, 200, 17, 17, 99, 250, 1, 42, 8, 130]])
 def test_f32_file_round_trips_exactly(tmp_path, tie):
     model = tiny_model(tie)
     write_gguf(tmp_path / "tiny.gguf", model)
-    cfg, state, tok = read_gguf(tmp_path / "tiny.gguf")
+    w = read_gguf(tmp_path / "tiny.gguf")
+    cfg, state = w.cfg, w.state
     assert cfg.replace(name=model.cfg.name) == model.cfg
     for name, t in model.state_dict().items():
         if not (tie and name == "lm_head.weight"):  # a tied unembedding is stored once, as the embedding
             torch.testing.assert_close(state[name], t, rtol=0, atol=0, msg=name)
     assert ("lm_head.weight" in state) != tie
-    loaded, _ = load_gguf(tmp_path / "tiny.gguf")
+    loaded = load(tmp_path / "tiny.gguf").model
     assert (loaded.lm_head.weight is loaded.tok_emb.weight) == tie
     torch.testing.assert_close(loaded.lm_head.weight, model.lm_head.weight, rtol=0, atol=0)
 
@@ -156,7 +56,7 @@ def test_every_writable_quantization_matches_transformers(tmp_path, hf_from_gguf
                                                                                "output.weight": Q.Q4_1}
     model = tiny_model(tie=False, seed=1)
     write_gguf(path, model, types)
-    _, state, _ = read_gguf(path)
+    state = read_gguf(path).state
     assert not torch.equal(state["blocks.0.attn.k.weight"], model.blocks[0].attn.k.weight)  # really quantized
     ours, _ = load(str(path)).model(IDS)
     torch.testing.assert_close(ours, hf_logits(hf_from_gguf, path, IDS), rtol=0, atol=1e-4)
@@ -165,7 +65,8 @@ def test_every_writable_quantization_matches_transformers(tmp_path, hf_from_gguf
 def test_tokenizer_from_metadata(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_gguf(path, tiny_model())
-    _, _, tok = read_gguf(path)
+    tok = read_gguf(path).tokenizer
+    assert tok is not None
     ids = tok.encode("the the thin<|im_end|> a")  # merges apply in rank order; specials stay whole
     assert [TOKENS[i] for i in ids] == ["t", "he", "Ġthe", "Ġt", "h", "in", "<|im_end|>", "Ġa"]
     assert tok.decode(ids) == "the the thin<|im_end|> a"

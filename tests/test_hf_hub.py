@@ -100,3 +100,22 @@ def test_uncached_hub_model_offline_is_one_clear_error(tmp_path, monkeypatch, ca
     assert str(tmp_path / "hub") in err and "HF_HUB_OFFLINE=1" in err and "hf download EleutherAI/pythia-70m" in err
     with pytest.raises(UserError, match="give hf:ORG/NAME"):
         load("hf:pythia-70m")
+
+
+def test_count_and_generate_take_a_hub_spec_like_every_command(tmp_path, monkeypatch, capsys):
+    """One resolver for every command: `lumen count hf:...` reads the cached config (no weights), and the
+    snapshot's generation_config.json is the loaded model's sampling default, for Python callers too."""
+    from lumen.decode import Sampling
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    hf = _pythia_shaped()
+    snapshot = _cache(tmp_path, "EleutherAI/pythia-70m", hf)
+    assert main(["count", "hf:EleutherAI/pythia-70m", "--json"]) == 0
+    counted = json.loads(capsys.readouterr().out)
+    assert counted["exact"]["total"] == sum(p.numel() for p in hf.parameters())
+    (snapshot / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.7}))
+    model = load("hf:EleutherAI/pythia-70m").model
+    assert model.sampling == Sampling(temperature=0.7)
+    assert main(["generate", "hf:EleutherAI/pythia-70m", "--prompt", "the cat", "--max-new-tokens", "2",
+                 "--seed", "1"]) == 0
+    assert "temperature 0.7" in capsys.readouterr().err

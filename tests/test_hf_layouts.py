@@ -14,7 +14,6 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForC
 
 from lumen.errors import MissingFileError
 from lumen.formats import load
-from lumen.formats.hf import load_hf_dir
 
 V = 97
 IDX = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(1))
@@ -52,7 +51,7 @@ def test_sharded_safetensors_with_index(tmp_path):
     torch.testing.assert_close(_logits(loaded), _logits(hf), atol=1e-5, rtol=0)
     (tmp_path / shards[1]).unlink()
     with pytest.raises(MissingFileError, match=f"lacks {shards[1]}"):
-        load_hf_dir(tmp_path)
+        load(tmp_path)
 
 
 @pytest.mark.parametrize("stored", [torch.float16, torch.bfloat16])
@@ -60,10 +59,10 @@ def test_half_precision_weights_load_into_the_requested_dtype(tmp_path, stored):
     hf = _qwen2()
     hf.to(stored).save_pretrained(tmp_path)
     hf = hf.float()  # the stored (rounded) weights, computed in float32 by transformers
-    ours = load_hf_dir(tmp_path)
+    ours = load(tmp_path).model
     assert all(p.dtype == torch.float32 for p in ours.parameters())
     torch.testing.assert_close(_logits(ours), _logits(hf), atol=1e-5, rtol=0)
-    bf16 = load_hf_dir(tmp_path, dtype=torch.bfloat16)
+    bf16 = load(tmp_path, dtype=torch.bfloat16).model
     assert all(p.dtype == torch.bfloat16 for p in bf16.parameters())
     assert torch.equal(bf16.blocks[0].attn.k.weight, hf.model.layers[0].self_attn.k_proj.weight.bfloat16())
 

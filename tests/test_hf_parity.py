@@ -7,10 +7,12 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from helpers.families import HF_CLASSES as FAMILY_CLASSES
+from helpers.families import SHAPES as FAMILY_SHAPES
 from lumen import GPT
-from lumen.formats.hf import config_from_hf, from_hf_model, load_hf_dir, save_hf_dir
-from test_families import HF_CLASSES as FAMILY_CLASSES
-from test_families import SHAPES as FAMILY_SHAPES
+from lumen.errors import UserError
+from lumen.formats import load
+from lumen.formats.hf import config_from_hf, from_hf_model, save_hf_dir
 
 V = 97
 SHAPES = {
@@ -87,7 +89,7 @@ def test_hf_directory_round_trip(name, tmp_path):
     model_type = json.loads((out / "config.json").read_text())["model_type"]
     assert model_type == hf.config.model_type
     reloaded_hf = HF_CLASSES[model_type].from_pretrained(out, attn_implementation="eager").eval()
-    back = load_hf_dir(out)
+    back = load(out).model
     idx = torch.randint(0, V, (1, 30))
     with torch.no_grad():
         torch.testing.assert_close(reloaded_hf(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
@@ -102,10 +104,10 @@ def test_unsupported_hf_configs_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="RoPE scaling"):
         config_from_hf(llama)
     with pytest.raises(FileNotFoundError, match="config.json"):
-        load_hf_dir(tmp_path)
+        load(tmp_path)
     hf, ours = _pair("llama-mqa")
     save_hf_dir(ours, tmp_path / "a")
-    with pytest.raises(FileExistsError, match="not empty"):
+    with pytest.raises(UserError, match="not an empty directory"):
         save_hf_dir(ours, tmp_path / "a")
     with pytest.raises(ValueError, match="no Hugging Face architecture"):
         save_hf_dir(GPT(ours.cfg.replace(norm="layernorm")), tmp_path / "b")

@@ -6,30 +6,15 @@ import json
 import pytest
 import torch
 
+from helpers.runs import TEXT, tiny_run
 from lumen import GPT, ModelConfig
 from lumen.cli import main
-from lumen.formats.checkpoint import save_checkpoint
 from lumen.tokenizers import CharTokenizer
-
-TEXT = ("ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
-        "Arise, fair sun, and kill the envious moon,\nWho is already sick and pale with grief.\n") * 6
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     return tiny_run(tmp_path_factory.mktemp("inspect_cli"))
-
-
-def tiny_run(root):
-    """A small lumen checkpoint with a character tokenizer (root/run), and a corpus folder of two texts."""
-    tok = CharTokenizer.from_text(TEXT)
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tok.vocab_size, context=64, d_model=32, n_layers=3, n_heads=4, name="tiny-run")
-    save_checkpoint(root / "run", GPT(cfg), tokenizer=tok)
-    (root / "corpus").mkdir()
-    (root / "corpus" / "a.txt").write_text(TEXT)
-    (root / "corpus" / "b.txt").write_text(TEXT[::-1])  # held out: the last document
-    return root
 
 
 def lumen(capsys, *argv):

@@ -1,5 +1,6 @@
 """The looking-inside tools on the real SmolLM2-135M, against Hugging Face transformers."""
 
+import pytest
 import torch
 
 from lumen.inspect import LogitLens, head_scores, logit_lens
@@ -10,6 +11,7 @@ PROMPT = "The capital of France is"
 
 
 @torch.no_grad()
+@pytest.mark.smoke  # (this feature's real-model test in make test)
 def test_logit_lens_matches_transformers_hidden_states(smollm2, smollm2_hf, smollm2_tokenizer):
     ids = smollm2_tokenizer.encode(PROMPT)
     x = torch.tensor([ids])

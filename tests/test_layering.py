@@ -10,25 +10,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "code" / "lumen"
 
-# the model core: the chapter's block and what a GPT needs to exist, be counted and fail clearly (and the
-# utilities every room shares: errors, atomic files, the progress bar)
-CORE = {"config", "block", "attention", "model", "accounting", "errors", "files", "progress"}
+# the reading house (the chapter's model and what a GPT needs to exist, decode, be named, counted and fail
+# clearly) and the utilities every room shares: errors, atomic files, the progress bar, the thread count,
+# torch.compile's options
+CORE = {"config", "block", "attention", "model", "decode", "names", "accounting", "errors", "files", "progress",
+        "threads", "compiling"}
+# the speed wing: nothing but the command line imports it (bench/ does too, from outside the package)
+WING = "fast"
 # what may be imported by each layer above the core (the core itself is open to everyone)
 ALLOWED = {
-    "packing": set(),
-    "quant": {"fetch"},  # (its kernels are built into the lumen cache)
-    "threads": set(),
     "tokenizers": set(),
     "fetch": set(),
     "evaluate": set(),
-    "formats": {"tokenizers", "fetch", "packing", "quant"},
+    "formats": {"tokenizers", "fetch"},
     "data": {"tokenizers", "fetch", "formats"},
+    WING: {"tokenizers", "fetch", "formats"},
     "report": {"inspect", "tokenizers"},
-    "train": {"tokenizers", "data", "formats", "threads"},
+    "train": {"tokenizers", "data", "formats"},
     "inspect": {"tokenizers", "data", "evaluate", "formats"},
     "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report"},
     "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments",
-            "packing", "threads"},
+            WING},
     "__main__": {"cli"},
 }
 
@@ -115,3 +117,11 @@ def test_nothing_imports_the_cli_or_the_experiments_from_below():
     graph = import_graph()
     assert [n for n, deps in graph.items() if "cli" in deps] == ["__main__"]
     assert sorted(n for n, deps in graph.items() if "experiments" in deps) == ["cli"]
+
+
+def test_the_speed_wing_has_one_door_and_the_reading_house_never_opens_it():
+    """Loading, eval, the lenses, attribution, patching, training and the reports import nothing of lumen.fast:
+    only the command line does (its generate command; bench/ from outside)."""
+    graph = import_graph()
+    assert sorted(n for n, deps in graph.items() if WING in deps) == ["cli"]
+    assert ALLOWED[WING] & {"inspect", "train", "report", "experiments", "cli"} == set()

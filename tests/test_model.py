@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lumen import GPT, PRESETS, ModelConfig
+from lumen import GPT, PRESETS, ModelConfig, fast
 from lumen.attention import KVCache
-from lumen.model import sample_next
+from lumen.decode import Sampling, sample_next
 
 TINY = ModelConfig(vocab_size=50, context=16, d_model=32, n_layers=2, n_heads=4)
 
@@ -58,35 +58,39 @@ def test_cached_decode_under_bf16_autocast():
     assert cache.layers[0].k.dtype == torch.float32 and cache.n == 9
 
 
+@pytest.mark.smoke  # (compiled decoding's one test in make test)
 def test_compiled_decoding_step_gives_the_eager_numbers(cpp_compiler):
     # torch.compile'd one-token steps (static cache shapes, the weights graph inputs) against eager decoding
     torch.manual_seed(0)
     model = GPT(TINY.replace(positions="rope", n_kv_heads=2, context=300)).eval()
     idx = torch.randint(0, 50, (2, 5))
     eager = model.generate(idx, 10, temperature=0)
-    assert torch.equal(model.generate(idx, 10, temperature=0, compile=True), eager)
-    with torch.inference_mode():  # a whole sequence (a prefill) through the same compiled model
-        torch.testing.assert_close(model.compiled()(idx)[0], model(idx)[0], rtol=1e-5, atol=1e-5)
     g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
-    # a different length and sampling reuse the same compiled step (slots are rounded up to 256)
-    sampled = model.generate(idx[:, :3], 7, temperature=1.0, top_k=5, generator=g(), compile=True)
+    with fast.decoding(model, compile=True) as decoder:
+        assert torch.equal(decoder.generate(idx, 10, temperature=0), eager)
+        with torch.inference_mode():  # a whole sequence (a prefill) through the same compiled step
+            torch.testing.assert_close(decoder.step(idx)[0], model(idx)[0], rtol=1e-5, atol=1e-5)
+        # a different length and sampling reuse the same compiled step (slots are rounded up to 256)
+        sampled = decoder.generate(idx[:, :3], 7, temperature=1.0, top_k=5, generator=g())
     assert torch.equal(sampled, model.generate(idx[:, :3], 7, temperature=1.0, top_k=5, generator=g()))
     # the weights are inputs of the compiled graph: changing them changes what it computes
     with torch.no_grad():
         model.lm_head.weight.mul_(-1)
-    assert torch.equal(model.generate(idx, 10, temperature=0, compile=True), model.generate(idx, 10, temperature=0))
+    flipped = model.generate(idx, 10, temperature=0)
+    assert torch.equal(fast.generate(model, idx, 10, temperature=0, compile=True), flipped)
 
 
 def test_sampling_is_seeded_and_respects_top_k_top_p():
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
     g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
-    draws = [sample_next(logits, 1.0, top_k=2, generator=g()) for _ in range(3)]
+    top2 = Sampling(1.0, top_p=None, top_k=2)
+    draws = [sample_next(logits, top2, generator=g()) for _ in range(3)]
     assert all(torch.equal(d, draws[0]) for d in draws)
-    many = torch.stack([sample_next(logits.expand(500, 5), 1.0, top_k=2, generator=g())])
+    many = torch.stack([sample_next(logits.expand(500, 5), top2, generator=g())])
     assert set(many.unique().tolist()) <= {0, 1}
     # top_p = 0.5: token 0 alone holds softmax mass ~0.61, so it is the only one kept
-    assert set(sample_next(logits.expand(200, 5), 1.0, top_p=0.5, generator=g()).tolist()) == {0}
-    assert sample_next(logits, 0.0).item() == 0  # temperature 0 is greedy
+    assert set(sample_next(logits.expand(200, 5), Sampling(1.0, top_p=0.5), generator=g()).tolist()) == {0}
+    assert sample_next(logits, Sampling(0.0)).item() == 0  # temperature 0 is greedy
 
 
 def test_bad_inputs_raise_clear_errors():

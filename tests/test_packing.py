@@ -1,4 +1,4 @@
-"""lumen.packing: FastLinear layers and weights packed for oneDNN give the numbers of plain F.linear, with one
+"""lumen.fast.packing: FastLinear layers and weights packed for oneDNN give the numbers of plain F.linear, with one
 copy of the weights: packed, the plain tensor is gone, and state_dict/export still see the plain weights."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lumen import fast as wing
+from lumen.fast.packing import FastLinear, can_pack, fast_linears, packed, plain_linears, row_linear
 from lumen.model import GPT, plain_attention
-from lumen.packing import FastLinear, can_pack, fast_linears, packed, plain_linears, row_linear
 
 pytestmark = pytest.mark.skipif(
     not can_pack(torch.nn.Linear(2, 2).to(torch.bfloat16)), reason="this PyTorch has no oneDNN packed linear"
@@ -71,14 +72,15 @@ def test_packed_linear_against_f_linear_on_odd_inputs():
 def test_export_inside_packed_gives_the_same_tensors(tmp_path):
     """A Hugging Face directory written while the weights are packed holds the plain weights exactly."""
     pytest.importorskip("safetensors")
-    from lumen.formats.hf import load_hf_dir, save_hf_dir
+    from lumen.formats import load
+    from lumen.formats.hf import save_hf_dir
 
     model = bf16_model(5).float()
     want = {k: v.clone() for k, v in model.state_dict().items()}
     fast_linears(model)
     with packed(model):
         save_hf_dir(model, tmp_path / "hf")
-    back = load_hf_dir(tmp_path / "hf")
+    back = load(tmp_path / "hf").model
     got = back.state_dict()
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
@@ -100,14 +102,17 @@ def test_float32_packing_agrees_with_f_linear_to_rounding(cpp_compiler):
     assert fast_linears(fast) == 6 * 7 + 1
     x = torch.randint(0, 65, (2, 40))
     with torch.inference_mode():
-        greedy = plain.generate(x[:1, :5], 20, temperature=0)
+        greedy, logits = plain.generate(x[:1, :5], 20, temperature=0), plain(x)[0]
         with packed(fast):
             # another summation order: equal to float32 rounding, not bit for bit
             torch.testing.assert_close(fast(x)[0], plain(x)[0], rtol=1e-5, atol=1e-5)
             assert torch.equal(fast.generate(x[:1, :5], 20, temperature=0), greedy)
-        # compiled: a decoding step computes its one-row products as fused sums
-        assert torch.equal(fast.generate(x[:1, :5], 20, temperature=0, compile=True), greedy)
-        torch.testing.assert_close(fast.compiled()(x)[0], plain(x)[0], rtol=1e-5, atol=1e-5)
+    # compiled (the door swaps the FastLinear layers in itself): one-row products as fused sums
+    with wing.decoding(plain, compile=True) as decoder, torch.inference_mode():
+        assert all(type(m) is not torch.nn.Linear for m in plain.modules())
+        assert torch.equal(decoder.generate(x[:1, :5], 20, temperature=0), greedy)
+        torch.testing.assert_close(decoder.step(x)[0], logits, rtol=1e-5, atol=1e-5)
+    assert not any(isinstance(m, FastLinear) for m in plain.modules())  # plain again on leaving
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -131,7 +136,7 @@ def test_one_row_product_is_the_linear(cpp_compiler, dtype):
 def test_many_rows_in_float32_go_through_onednn(cpp_compiler, monkeypatch):
     """A float32 prompt's products (eager and compiled) are oneDNN's on the plain weight: x @ W.T + b computed
     in float64 to float32 rounding; with gradients or under autocast they stay F.linear's."""
-    from lumen import packing
+    from lumen.fast import packing
 
     torch.manual_seed(4)
     layer = FastLinear.from_linear(torch.nn.Linear(96, 200))

@@ -1,10 +1,8 @@
 """The Python entry points for looking inside: GPT.run_with_cache, callable tokenizers, cache keys that
-name the closest valid ones, and the docstrings' examples, which run."""
+name the closest valid ones (the docstrings' examples run in test_doctests.py)."""
 
 from __future__ import annotations
 
-import doctest
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -71,16 +69,3 @@ def test_a_wrong_cache_key_names_the_closest_valid_ones():
 def test_a_tokenizer_is_called_like_encode(tok):
     text = "the cat" if tok.kind != "char" else "a bad cede"
     assert tok(text) == tok.encode(text) and tok.decode(tok(text)) == text
-
-
-# the modules whose examples all run without a download (the others illustrate with `load("smollm2")`,
-# a corpus or a trained run, and mark those lines +SKIP or leave them unrun)
-RUNNABLE = ["lumen.model", "lumen.tokenizers", "lumen.inspect", "lumen.inspect.cache", "lumen.config",
-            "lumen.accounting", "lumen.errors"]
-
-
-@pytest.mark.parametrize("name", RUNNABLE)
-def test_docstring_examples_run(name):
-    """The `>>>` examples in the docstrings run and print what they show."""
-    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted >= 1, result

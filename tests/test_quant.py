@@ -1,9 +1,10 @@
-"""lumen.quant: products computed from a GGUF's Q4_1/Q8_0 blocks against the gguf package's own dequantized
+"""lumen.fast.quant: products computed from a GGUF's Q4_1/Q8_0 blocks against the gguf package's own dequantized
 matrices, and the real SmolLM2 decoded from its blocks against the dequantized float32 model."""
 
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,9 +18,17 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import quants  # noqa: E402
 
-from lumen.quant import QuantEmbedding, QuantLinear, blocks_from_gguf  # noqa: E402
+from lumen.fast.quant import Blocks, QuantEmbedding, QuantLinear  # noqa: E402
+from lumen.formats.gguf import stored_blocks  # noqa: E402
 
 TYPES = [Q.Q4_1, Q.Q8_0]
+
+
+def blocks_from_gguf(tensor) -> Blocks:
+    """A matrix's blocks as formats.gguf reads them from the file, as lumen.fast keeps them."""
+    stored = stored_blocks(tensor)
+    assert stored is not None
+    return Blocks(*stored)
 
 
 def quantized_tensor(qtype, out: int = 96, n: int = 160, seed: int = 0):
@@ -65,7 +74,7 @@ def test_products_equal_their_references(qtype, kernels, cpp_compiler, monkeypat
     (a decoded token; eager and compiled): x rounded to 8 bits per block as llama.cpp rounds it, against that
     formula computed from the gguf package's quantizer in float64 — by quant.cpp's kernel, and by torch's
     formula where the kernel is not built."""
-    from lumen import quant
+    from lumen.fast import quant
 
     if kernels and "avx2" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("quant.cpp needs an x86-64 CPU with AVX2")
@@ -94,7 +103,7 @@ def test_products_equal_their_references(qtype, kernels, cpp_compiler, monkeypat
 def test_products_by_slabs_of_rows(monkeypatch):
     """The weight is used a slab of rows at a time (many rows dequantized; one row by torch's formula): uneven
     slabs give the products of the whole matrix."""
-    from lumen import quant
+    from lumen.fast import quant
 
     tensor, reference = quantized_tensor(Q.Q4_1, out=100, seed=3)
     layer = QuantLinear(blocks_from_gguf(tensor))
@@ -119,7 +128,7 @@ def test_quantized_embedding_rows(qtype):
 def test_kernels_that_do_not_build_say_why_and_leave_nothing(tmp_path, monkeypatch, capsys, cpp_compiler):
     """A kernel source that does not compile: one line saying why and what runs instead, False (torch's
     formula is used), and no half-built library left in the cache for the next run to load."""
-    from lumen import quant
+    from lumen.fast import quant
 
     if shutil.which("ninja") is None:
         pytest.skip("torch builds with ninja (apt-get install -y ninja-build)")
@@ -135,7 +144,7 @@ def test_kernels_that_do_not_build_say_why_and_leave_nothing(tmp_path, monkeypat
 
 def test_kernels_without_their_build_tools_say_so(tmp_path, monkeypatch, capsys):
     """No ninja (or no compiler): one line naming what to install, False, and nothing written to the cache."""
-    from lumen import quant
+    from lumen.fast import quant
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("quant.cpp is for x86-64")
@@ -149,7 +158,7 @@ def test_kernels_without_their_build_tools_say_so(tmp_path, monkeypatch, capsys)
 
 def test_other_types_are_left_to_the_dequantizer():
     w = np.zeros((4, 32), dtype=np.float32)
-    assert blocks_from_gguf(SimpleNamespace(data=w, tensor_type=Q.F32)) is None
+    assert stored_blocks(SimpleNamespace(data=w, tensor_type=Q.F32)) is None
 
 
 def teacher_forced(model, ids: torch.Tensor, continuation: torch.Tensor) -> torch.Tensor:
@@ -175,10 +184,10 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
     step, each of the 211 products by quant.cpp equals torch's formula's to float32 rounding (whole steps do
     not: a number rounded to the other side of a half-step changes the next layer's 8-bit x, as it would
     between any two such runs)."""
-    from lumen import quant
-    from lumen.formats.gguf import load_gguf_quantized
+    from lumen.fast import generate, load_blocks, quant
 
-    model, tok = load_gguf_quantized(smollm2_gguf)
+    loaded = load_blocks(str(smollm2_gguf))
+    model, tok = loaded.model, loaded.tokenizer
     assert isinstance(model.lm_head, QuantLinear) and model.lm_head.blocks is model.tok_emb.blocks
     prompts = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, a little fox"]
     with torch.inference_mode():
@@ -193,7 +202,7 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
             assert float(kl.mean()) < 0.03
             assert float((steps.argmax(-1) == reference.argmax(-1)).float().mean()) >= 0.85
             for compile in (False, True):  # (compiled, the norms and attention round otherwise: a token may differ)
-                got = model.generate(ids, 8, temperature=0, compile=compile)
+                got = generate(model, ids, 8, temperature=0, compile=compile)
                 assert torch.equal(got[:, : ids.size(1) + 4], want[:, : ids.size(1) + 4])
         if quant.kernels():  # every matrix's product at a real decoding step: kernel and formula agree
             inputs = {}
@@ -213,6 +222,22 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
                 torch.testing.assert_close(y, b.rounded_row_product(x), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.smoke  # (the block path's real-model test in make test)
+def test_smollm2_from_its_blocks_reads_a_prompt_as_the_float_model_and_answers(smollm2, smollm2_tokenizer):
+    """The real file's Q4_1/Q8_0 matrices kept as blocks (QuantLinear layers, the tied unembedding reading the
+    embedding's blocks): a prompt's logits are the dequantized float32 model's to float32 rounding, and the
+    first decoded token (8-bit x, the kernel or torch's formula) is still " Paris"."""
+    from lumen.fast import generate, load_blocks
+
+    model = load_blocks("smollm2").model
+    assert isinstance(model.blocks[0].attn.q, QuantLinear) and model.lm_head.blocks is model.tok_emb.blocks
+    ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is")])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids)[0], smollm2(ids)[0], rtol=0, atol=1e-3)
+    nxt = generate(model, ids, 2, temperature=0)[0, ids.size(1):]
+    assert smollm2_tokenizer.decode(nxt[:1].tolist()) == " Paris"
+
+
 def test_weights_gguf_needs_a_gguf_file_and_float32(tmp_path, capsys):
     from lumen.cli import main
 
@@ -226,29 +251,32 @@ def test_weights_gguf_needs_a_gguf_file_and_float32(tmp_path, capsys):
 
 def test_a_small_file_from_its_blocks_and_damaged_numbers(tmp_path):
     """A tiny GGUF with Q8_0 and Q4_1 matrices: decoded from its blocks, the logits of the float path
-    (formats.gguf.load_gguf) to float32 rounding; a NaN block scale or norm gain is refused, naming the file
+    (lumen.formats.load) to float32 rounding; a NaN block scale or norm gain is refused, naming the file
     and the tensor, instead of decoding NaN."""
     from gguf import GGUFReader
 
-    from lumen.formats.gguf import GGUFError, load_gguf, load_gguf_quantized
-    from test_gguf import tiny_model, write_gguf
+    from helpers.gguf import tiny_model, write_gguf
+    from lumen.errors import ModelFileError
+    from lumen.fast import load_blocks
+    from lumen.formats import load
 
     path = tmp_path / "tiny.gguf"
     write_gguf(path, tiny_model(), {"token_embd.weight": Q.Q8_0, "blk.0.ffn_up.weight": Q.Q4_1,
                                     "blk.1.attn_q.weight": Q.Q4_1, "blk.1.ffn_down.weight": Q.Q8_0})
-    model, _ = load_gguf_quantized(path)
-    reference, _ = load_gguf(path)
+    model, reference = load_blocks(str(path)).model, load(path).model
     assert isinstance(model.blocks[1].attn.q, QuantLinear)
     ids = torch.tensor([[5, 9, 2, 30, 7]])
     with torch.inference_mode():
         torch.testing.assert_close(model(ids)[0], reference(ids)[0], rtol=1e-5, atol=1e-5)
     offsets = {t.name: int(t.data_offset) for t in GGUFReader(path).tensors}
-    for name in ("blk.0.ffn_up.weight", "token_embd.weight", "blk.1.attn_norm.weight"):
+    # (the norm's gain is checked where every format's float tensors are, in GPT.from_state: lumen's name)
+    for name, said in (("blk.0.ffn_up.weight",) * 2, ("token_embd.weight",) * 2,
+                       ("blk.1.attn_norm.weight", "blocks.1.ln1.g")):
         data = bytearray(path.read_bytes())
         nan = np.array(np.nan, np.float32 if name.endswith("norm.weight") else np.float16).tobytes()
         at = offsets[name]  # a float32 norm's first gain; a block's float16 scale comes first in its block
         data[at: at + len(nan)] = nan
         bad = tmp_path / "bad.gguf"
         bad.write_bytes(bytes(data))
-        with pytest.raises(GGUFError, match=rf"bad\.gguf.*{name}.*NaN"):
-            load_gguf_quantized(bad)
+        with pytest.raises(ModelFileError, match=rf"bad\.gguf.*{re.escape(said)}.*NaN"):
+            load_blocks(str(bad))

@@ -9,12 +9,11 @@ import matplotlib.image
 import pytest
 import torch
 
-from lumen import GPT, ModelConfig
+from helpers.models import peaked_tiny_model
 from lumen.files import atomic_path, write_text
 from lumen.inspect import deletion_table, head_scores, logit_lens
 from lumen.report.figures import deletion_bars, head_scores_plot, layer_curves, lens_heatmap
 from lumen.report.html import colour, lens_page
-from lumen.tokenizers import CharTokenizer
 
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n"
 PROMPT = "To be, or not to be"
@@ -24,20 +23,6 @@ PROMPT = "To be, or not to be"
 def result():
     model, tok = peaked_tiny_model(TEXT)
     return model, tok, logit_lens(model, tok.encode(PROMPT), k=4, tokenizer=tok)
-
-
-def peaked_tiny_model(text: str) -> tuple[GPT, CharTokenizer]:
-    """A random 3-block character model with weights scaled up: peaked predictions and attention patterns,
-    so a grid or a page has both light and dark cells."""
-    tok = CharTokenizer.from_text(text)
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tok.vocab_size, context=64, d_model=32, n_layers=3, n_heads=4, name="tiny")
-    model = GPT(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(8.0)
-    return model, tok
 
 
 def test_figures_are_drawn(tmp_path, result):

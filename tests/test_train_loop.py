@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from lumen import GPT
 from lumen.data import prepare
 from lumen.formats import checkpoint as ckpt
+from lumen.formats import load
 from lumen.train import TrainingError, load_config, train
 from lumen.train.loop import training_attention
 
@@ -54,7 +55,8 @@ def test_it_learns_and_records(run, data):
 
 
 def test_a_run_is_a_model_spec(run):
-    model, tok = ckpt.load_run(run.run_dir)
+    loaded = load(run.run_dir)
+    model, tok = loaded.model, loaded.tokenizer
     best = ckpt.best_checkpoint(run.run_dir)
     assert ckpt.resolve(run.run_dir) == best
     x = torch.tensor([tok.encode("ROMEO:\nBut soft")])
@@ -62,7 +64,7 @@ def test_a_run_is_a_model_spec(run):
     missing, unexpected = stored.load_state_dict(load_file(str(best / ckpt.WEIGHTS)), strict=False)
     assert missing == ["lm_head.weight"] and not unexpected
     assert torch.equal(model(x)[0], stored.eval()(x)[0])
-    final, _ = ckpt.load_run(run.run_dir / "checkpoints" / "step-000040")
+    final = load(run.run_dir / "checkpoints" / "step-000040").model
     assert torch.equal(final(x)[0], run.model(x)[0])  # the checkpoint holds exactly the trained weights
     weights = load_file(str(best / ckpt.WEIGHTS))
     assert "lm_head.weight" not in weights and "tok_emb.weight" in weights  # the tied matrix, stored once
@@ -180,7 +182,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data):
         train(cfg, model=model, data=data)
     kept = ckpt.checkpoints(tmp_path)
     assert [p.name for p in kept] == ["step-000005", "step-000010"]
-    good, _ = ckpt.load_run(kept[-1])
+    good = load(kept[-1]).model
     assert all(torch.isfinite(p).all() for p in good.parameters())
 
 
@@ -204,7 +206,7 @@ def test_full_disk_leaves_the_previous_checkpoint_intact(tmp_path, data, monkeyp
                                             r"the previous checkpoints are intact \(step-000005\)"):
         train(cfg, m, data=data)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-000005"]  # no partial directory
-    model, _ = ckpt.load_run(tmp_path)
+    model = load(tmp_path).model
     assert model.cfg.n_layers == 1
     state = ckpt.load_trainer_state(tmp_path / "checkpoints" / "step-000005")
     assert state["step"] == 5
@@ -218,4 +220,4 @@ def test_refuses_to_overwrite_a_run(tmp_path, data):
     with pytest.raises(ValueError, match="another model config"):
         train(cfg, m.replace(n_layers=2), data=data, resume=True)
     with pytest.raises(FileNotFoundError, match="neither a lumen checkpoint"):
-        ckpt.load_run(tmp_path / "checkpoints")
+        load(tmp_path / "checkpoints")

@@ -149,12 +149,21 @@ class TransformerBlock(nn.Module):
     def from_config(cls, cfg: ModelConfig) -> TransformerBlock:
         """The block of cfg's norm placement (pre, post or parallel), holding the family's parts:
         its norm, its attention (heads, positions, window) and its MLP."""
-        block_type = {"pre": cls, "post": PostLNBlock, "parallel": ParallelBlock}[cfg.norm_placement]
-        with torch.device("meta"):  # the chapter's default parts, replaced below: never materialised
-            block = block_type(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout)
-        block.ln1, block.ln2 = make_norm(cfg), make_norm(cfg)
-        block.attn = MultiHeadAttention.from_config(cfg)
-        block.mlp = make_mlp(cfg)
+        block_type: type[TransformerBlock] = {"pre": cls, "post": PostLNBlock, "parallel": ParallelBlock}[
+            cfg.norm_placement]
+        return block_type.from_parts(make_norm(cfg), MultiHeadAttention.from_config(cfg), make_norm(cfg),
+                                     make_mlp(cfg), cfg.dropout)
+
+    @classmethod
+    def from_parts(cls, ln1: nn.Module, attn: MultiHeadAttention, ln2: nn.Module, mlp: nn.Module,
+                   dropout: float = 0.0) -> TransformerBlock:
+        """The block around given parts: the same four names and the same forward as the chapter's
+        __init__ builds, without first building its GPT-2 parts (LayerNorm, GELU MLP) to throw away."""
+        block = cls.__new__(cls)
+        nn.Module.__init__(block)
+        block.ln1, block.ln2, block.mlp = ln1, ln2, mlp  # type: ignore[assignment]  # (any family's norms and MLP)
+        block.attn = attn
+        block.drop = nn.Dropout(dropout)
         return block
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:

@@ -27,13 +27,13 @@ import torch
 from .errors import CorpusError, MissingFileError
 from .fetch import cache_dir, fetch, sha256_of
 from .files import atomic_dir
-from .formats.gguf import metadata, open_gguf, tokenizer_from_gguf
+from .formats import read_tokenizer
 from .tokenizers import FILENAME as TOKENIZER_FILE
 from .tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, train_bpe
 
 # The five works held out of the built-in Shakespeare corpus, one of each kind (tragedy, comedy,
 # history, romance, Roman play): about 11% of its characters. Fixed, so every run, and the
-# nanoGPT comparison in the README, validates on the same text.
+# nanoGPT comparison in docs/training.md, validates on the same text.
 SHAKESPEARE_VALIDATION = ("hamlet", "twelfth_night", "henry_v", "tempest", "julius_caesar")
 TOKENIZERS = ("char", "byte", "bpe", "smollm2")  # or the path of a tokenizer.json
 FORMAT_VERSION = 2  # 2: meta.json holds the sha256 of the token files and the tokenizer's
@@ -131,7 +131,9 @@ def make_tokenizer(kind: str, train: list[Document], all_docs: list[Document], v
     if kind == "bpe":
         return train_bpe((d.text for d in train), vocab_size)
     if kind == "smollm2":  # SmolLM2's own 49,152-token BPE, read from its GGUF file
-        return tokenizer_from_gguf(metadata(open_gguf(fetch("smollm2"))))
+        tok = read_tokenizer("smollm2")
+        assert tok is not None  # a GGUF always carries its tokenizer
+        return tok
     if Path(kind).exists():
         return Tokenizer.load(kind)
     raise CorpusError(f"unknown tokenizer {kind!r}; use one of {', '.join(TOKENIZERS)} or a tokenizer.json path")

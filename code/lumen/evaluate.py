@@ -61,7 +61,7 @@ def evaluate(model: GPT, ids: Sequence[int] | torch.Tensor, context: int | None 
     spans = windows(ids.numel(), context)
     if not spans:
         raise UserError(f"the text has {ids.numel()} token(s); at least 2 are needed to score a prediction")
-    device = next(model.parameters()).device  # (not lm_head.weight: a quantized one would dequantize to answer)
+    device = model.device
     total, scored = 0.0, 0
     batch = max(1, LOGITS_BUDGET // (context * model.cfg.vocab_size))
     full = [s for s in spans if s[1] - s[0] == context]

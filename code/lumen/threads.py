@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from typing import TypeVar
 
 import torch
@@ -125,7 +125,7 @@ class ThreadTuner:
         self._set(self.chosen)
 
 
-def tuned(steps: Iterable[T], tuner: ThreadTuner | None = None) -> Iterator[T]:
+def tuned(steps: Iterable[T], tuner: ThreadTuner | None = None) -> Generator[T, None, None]:
     """Yield from steps (e.g. `model.stream(...)`, one token each), timing how long each took to make and
     letting a ThreadTuner choose the thread count for the next; torch's count is restored at the end."""
     tuner = tuner or ThreadTuner()

@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .. import names
 from . import UserError
 from .models import add_model_argument, load_with_tokenizer
 
@@ -74,11 +75,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'block':>12} {'attention':>9} {'mlp':>9}  strongest head")
     for i in range(a.heads.size(0)):
         h = int(a.heads[i, :, t].abs().argmax())
-        print(f"{i:>12} {float(a.row(f'blocks.{i}.attn')[t]):>+9.4f} {float(a.row(f'blocks.{i}.mlp')[t]):>+9.4f}"
+        attn, mlp = float(a.row(names.write(i, "attn"))[t]), float(a.row(names.write(i, "mlp"))[t])
+        print(f"{i:>12} {attn:>+9.4f} {mlp:>+9.4f}"
               f"  head {h} {float(a.heads[i, h, t]):+.4f}")
     print(f"\nthe {args.top} largest components:")
     for name, v in top_components(a, t, args.top):
-        print(f"  {name:<22} {v:+.4f}")
+        print(f"  {names.display(name):<22} {v:+.4f}")
     if args.out:
         print(f"wrote {args.out}/attribution.json, attribution.png")
     return 0

@@ -22,18 +22,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..files import atomic_dir
     from ..formats.hf import save_hf_dir
 
     out = args.outdir
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} exists and is not an empty directory (choose a new output directory)")
     loaded = load_model(args.model, args.dtype)
-    # written into a hidden folder beside OUTDIR and renamed into place at the end, with the permissions of
-    # ordinary new files and folders (not a temporary folder's 0700)
-    with atomic_dir(out) as tmp:
-        save_hf_dir(loaded.model, tmp)
-        if loaded.tokenizer is not None:
-            loaded.tokenizer.save(tmp)  # with an HF tokenizer: tokenizer_config.json too
+    save_hf_dir(loaded.model, out, loaded.tokenizer)  # staged beside OUTDIR, renamed into place at the end
     print(f"wrote {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
     return 0

@@ -12,8 +12,7 @@ from pathlib import Path
 from ..accounting import report
 from ..config import PRESETS, ModelConfig
 from ..errors import UserError
-from ..formats import MODELS, SPEC_FORMS
-from .models import add_model_argument, load_model
+from .models import add_model_argument
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -28,16 +27,22 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def resolve_config(spec: str) -> ModelConfig:
-    """A preset name, a ModelConfig .json file, or any model spec (its config, read by loading it)."""
+    """A preset name, a ModelConfig .json file, or any model spec (its config alone, no weights read)."""
+    from ..fetch import FetchError
+    from ..formats import SPEC_FORMS, UnknownSpec, read_config
+
     path = Path(spec)
     if spec in PRESETS and not path.exists():
         return ModelConfig.from_name(spec)
     if path.is_file() and path.suffix == ".json":
         return ModelConfig.load(path)
-    if not path.exists() and spec not in MODELS:
-        raise UserError(f"unknown model {spec!r}: give a preset ({', '.join(PRESETS)}), a config .json file, "
-                        f"or {SPEC_FORMS}")
-    return load_model(spec).model.cfg
+    try:
+        return read_config(spec)
+    except FetchError as e:
+        raise UserError(str(e)) from None
+    except UnknownSpec:  # presets and config files are models too, here
+        raise UnknownSpec(f"unknown model {spec!r}: give a preset ({', '.join(PRESETS)}), a config .json file, "
+                          f"or {SPEC_FORMS}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,32 +1,26 @@
 """`lumen generate MODEL --prompt TEXT`: continue a prompt with KV-cache decoding, streamed to stdout.
 
-It samples by default (temperature 0.8, top-p 0.95, or the model's own generation_config.json) and says
-the seed on stderr, so that a run can be repeated with --seed; --greedy (or --temperature 0) takes the
-most likely token every time. Past the model's context the window slides (`GPT.stream`).
+It samples by default (temperature 0.8, top-p 0.95, or the model's own generation_config.json: lumen.decode)
+and says the seed on stderr, so that a run can be repeated with --seed; --greedy (or --temperature 0) takes
+the most likely token every time. Past the model's context the window slides. Decoding goes through the
+speed wing's door (lumen.fast.decoding), as a Python caller's can.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import secrets
 import sys
-from pathlib import Path
-from typing import Any
+import time
 
 import torch
 
-from ..model import check_sampling, check_tokens
-from ..packing import packed
-from ..threads import tuned
+from ..decode import Sampling, sampling_for
+from ..model import check_tokens
 from . import UserError
 from .models import DTYPES, add_model_argument, checkpoint_note, load_model
 
-# what generate samples with unless the model's files or the command line say otherwise: the settings the
-# training samples use, with the unlikely tail cut off (greedy decoding makes these small models loop)
-DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": None}
-GENERATION_CONFIG = "generation_config.json"  # a Hugging Face directory's sampling defaults
 MAX_SEED = 2**63 - 1
 
 
@@ -57,9 +51,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..fast import decoding
+
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    settings, source = sampling_settings(args)
+    changes = sampling_changes(args)
     seed = parse_seed(args.seed) if args.seed is not None else secrets.randbelow(10**6)
     loaded = load_model(args.model, args.dtype, args.weights)
     tok = loaded.tokenizer
@@ -78,50 +74,31 @@ def run(args: argparse.Namespace) -> int:
     note = checkpoint_note(args.model)
     if note:
         print(f"lumen generate: {note}", file=sys.stderr)
-    print(f"lumen generate: {describe(settings, source, seed)}", file=sys.stderr)
+    sampling = sampling_for(loaded.model, **changes)
+    source = "the model's generation_config.json" if loaded.model.sampling is not None else "lumen's defaults"
+    print(f"lumen generate: {describe(sampling, source, seed)}", file=sys.stderr)
     if args.compile:
-        print("lumen generate: compiling the decoding step (about a minute on two cores)...", file=sys.stderr)
-    steps = tuned(loaded.model.stream(  # threads measured as tokens come (lumen.threads: busy machines)
-        idx, args.max_new_tokens, **settings, generator=torch.Generator().manual_seed(seed), compile=args.compile,
-    ))
-    with contextlib.nullcontext() if args.compile else packed(loaded.model):  # eager: oneDNN's layout
-        stream_text(steps, tok, sys.stdout)
+        print("lumen generate: compiling the decoding step (about a minute on two cores the first time)...",
+              file=sys.stderr)
+    generator = torch.Generator().manual_seed(seed)
+    with decoding(loaded.model, args.compile) as decoder, \
+            contextlib.closing(decoder.stream(idx, args.max_new_tokens, sampling, generator)) as steps:
+        n, seconds = stream_text(steps, tok, sys.stdout)  # (the speed wing: compiled or packed, threads tuned)
+    if n > 1:
+        print(f"lumen generate: {n} tokens, {(n - 1) / seconds:.1f} tokens/s after the first", file=sys.stderr)
     return 0
 
 
-def sampling_settings(args: argparse.Namespace) -> tuple[dict, str]:
-    """temperature, top_p, top_k: the command line over the model's generation_config.json over DEFAULTS,
-    checked before anything is loaded; and where the defaults came from."""
-    settings, source = dict(DEFAULTS), "lumen's defaults"
-    path = Path(args.model) / GENERATION_CONFIG
-    if path.is_file() and (from_file := read_generation_config(path)):
-        settings.update(from_file)
-        source = f"defaults from {path}"
-    settings.update({k: getattr(args, k) for k in DEFAULTS if getattr(args, k) is not None})
+def sampling_changes(args: argparse.Namespace) -> dict:
+    """temperature, top_p, top_k as given on the command line (the rest come from the model's files or
+    lumen's defaults), checked before anything is loaded."""
+    changes = {k: getattr(args, k) for k in ("temperature", "top_p", "top_k")}
     if args.greedy:
         if args.temperature not in (None, 0):
             raise UserError(f"--greedy and --temperature {args.temperature} contradict each other (give one)")
-        settings["temperature"] = 0.0
-    check_sampling(**settings)
-    return settings, source
-
-
-def read_generation_config(path: Path) -> dict:
-    """The sampling defaults a Hugging Face generation_config.json carries (do_sample false: greedy)."""
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path} is not readable JSON ({e}); fix or remove it") from None
-    found = {k: config[k] for k in ("temperature", "top_p", "top_k") if config.get(k) is not None}
-    if found.get("top_k") == 0:  # Hugging Face's "no top-k"
-        found["top_k"] = None
-    if config.get("do_sample") is False:
-        found["temperature"] = 0.0
-    try:
-        check_sampling(**{**DEFAULTS, **found})
-    except UserError as e:
-        raise UserError(f"{path}: {e} (fix the file, or give --temperature/--top-p/--top-k)") from None
-    return found
+        changes["temperature"] = 0.0
+    Sampling().but(**changes)  # a clear error now for a setting that cannot work
+    return changes
 
 
 def parse_seed(text: str) -> int:
@@ -135,28 +112,26 @@ def parse_seed(text: str) -> int:
     return seed
 
 
-def describe(settings: dict, source: str, seed: int) -> str:
+def describe(sampling: Sampling, source: str, seed: int) -> str:
     """One line on stderr: how the tokens are chosen, and the seed that repeats them."""
-    if settings["temperature"] == 0:
+    if sampling.greedy:
         return "greedy decoding"
-    parts = [f"temperature {settings['temperature']:g}"]
-    if settings["top_p"] is not None:
-        parts.append(f"top-p {settings['top_p']:g}")
-    if settings["top_k"] is not None:
-        parts.append(f"top-k {settings['top_k']}")
-    return (f"sampling at {', '.join(parts)} ({source}), seed {seed}: --seed {seed} repeats it, "
+    return (f"{sampling.describe()} ({source}), seed {seed}: --seed {seed} repeats it, "
             "--greedy takes the most likely token")
 
 
-def stream_text(steps, tok, out) -> list[int]:
-    """Print each new piece of text as its tokens arrive; stop at the end-of-sequence token.
+def stream_text(steps, tok, out) -> tuple[int, float]:
+    """Print each new piece of text as its tokens arrive; stop at the end-of-sequence token. Returns how many
+    tokens came and the seconds they took after the first (which holds the prompt and any compiling).
 
     A character may span several byte-level tokens, so text is decoded from all new ids and only
     the part past what was printed (and not ending in a half character) is written."""
     new: list[int] = []
-    shown = ""
+    shown, start = "", 0.0
     for nxt in steps:
         token = int(nxt[0])
+        if not new:
+            start = time.perf_counter()
         if token == tok.eos_id:
             break
         new.append(token)
@@ -168,4 +143,4 @@ def stream_text(steps, tok, out) -> list[int]:
     text = tok.decode(new)
     out.write(text[len(shown):] + "\n")
     out.flush()
-    return new
+    return len(new), time.perf_counter() - start

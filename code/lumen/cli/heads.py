@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .. import names
 from .models import (
     add_model_argument,
     add_out_argument,
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         where = f"mean relative depth {depth:.2f}" if depth is not None else "none"
         print(f"\n{name}: {len(s['heads_above'])} heads above {args.threshold} ({where}); strongest:")
         for block, head, v in s["top"]:
-            print(f"  block {block:>3} head {head:>3}  {v:.3f}")
+            print(f"  {names.display(names.head(block, head)):<18}  {v:.3f}")
     print("\nper block, the largest score of any head:")
     print(f"{'block':>6}" + "".join(f"{n:>16}" for n in scores))
     for block in range(L):

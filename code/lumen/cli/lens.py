@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .. import names
 from .models import add_model_argument, add_out_argument, at_least, load_with_tokenizer, output_dir
 
 TABLE_POSITIONS = 6
@@ -22,15 +23,16 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--prompt", required=True, help="the text to read")
     p.add_argument("--tuned", metavar="PATH",
                    help="a tuned lens for this model: the folder `lumen tuned-lens train` wrote, or its .safetensors")
-    p.add_argument("--top-tokens", "--top-k", dest="top_tokens", type=int, default=5,
+    p.add_argument("--top-tokens", dest="top_tokens", type=int, default=5,
                    help="most likely next tokens kept per cell (in the JSON and the HTML page)")
+    p.add_argument("--top-k", dest="top_tokens", type=int, help=argparse.SUPPRESS)  # (old name; --top-k samples)
     add_out_argument(p, "write lens.png, kl.png, lens.html and lens.json into this folder")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect.lens import LogitLens, layer_name, logit_lens
+    from ..inspect.lens import LogitLens, logit_lens
     from ..inspect.tuned_lens import TunedLens
     from ..report.figures import visible
     from . import UserError
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     print_table(result, main_name)
     first = result.first_top1_layer()
     word = visible(result.vocab_of(int(result.top_ids[-1, -1, 0])))
-    print(f"the final top-1 {word!r} first becomes top-1 after {layer_name(first)} "
+    print(f"the final top-1 {word!r} first becomes top-1 after {names.stream(first)} "
           f"(of {result.n_layers} blocks; {main_name})")
     if args.out:
         print(f"wrote {args.out}/lens.png, kl.png, lens.html, lens.json")
@@ -72,8 +74,6 @@ def lens_file(path: str) -> Path:
 
 
 def print_table(result, name: str) -> None:
-    from ..inspect.lens import layer_name
-
     T = len(result.tokens)
     cols = list(range(max(0, T - TABLE_POSITIONS), T))
     width = 16
@@ -85,7 +85,7 @@ def print_table(result, name: str) -> None:
         for t in cols:
             word = _clip(result.vocab_of(int(result.top_ids[layer, t, 0])), width - 8)
             cells.append(f"{word} {float(result.top_probs[layer, t, 0]):.2f}".ljust(width))
-        print(f"{layer_name(layer):>9}  " + "".join(cells) + f"{float(result.kl[layer, -1]):.3f}")
+        print(f"{names.stream(layer):>9}  " + "".join(cells) + f"{float(result.kl[layer, -1]):.3f}")
 
 
 def _clip(text: str, n: int) -> str:

@@ -66,12 +66,19 @@ def read_windows(model, tok, args: argparse.Namespace, split: str, count: int, s
 
 
 def load_model(spec: str, dtype: str = "float32", weights: str = "float"):
-    """lumen.formats.load(spec), turning a failed download into a UserError."""
+    """lumen.formats.load(spec), or with weights="gguf" the speed wing's lumen.fast.load_blocks(spec) (a
+    GGUF's quantized blocks kept as stored); a failed download is a UserError."""
     from ..fetch import FetchError
     from ..formats import load
 
     try:
-        return load(spec, dtype=DTYPES[dtype], weights=weights)
+        if weights == "gguf":
+            from ..fast import load_blocks
+
+            if dtype != "float32":
+                raise UserError("--weights gguf computes in float32 from the file's blocks (drop --dtype)")
+            return load_blocks(spec)
+        return load(spec, dtype=DTYPES[dtype])
     except FetchError as e:
         raise UserError(str(e)) from None
 

@@ -24,8 +24,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                    help="the block whose MLP to read (0 = the first block)")
     p.add_argument("--unit", type=int, help="one hidden unit (default: scan the block's MLP)")
     add_text_arguments(p, seq_len=64, windows=64)
-    p.add_argument("--contexts", "--top-k", dest="contexts", type=int, default=8,
+    p.add_argument("--contexts", dest="contexts", type=int, default=8,
                    help="top-activating contexts shown per unit")
+    p.add_argument("--top-k", dest="contexts", type=int, help=argparse.SUPPRESS)  # (old name; --top-k samples)
     p.add_argument("--show", type=int, default=6, help="units to list when scanning")
     p.add_argument("--json", action="store_true", help="print JSON")
     add_quiet_argument(p)

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import names
 from .lens import LENS_FILE, lens_file
 from .models import (
     add_model_argument,
@@ -51,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect.lens import LogitLens, evaluate_lens, layer_name
+    from ..inspect.lens import LogitLens, evaluate_lens
     from ..inspect.tuned_lens import TunedLens, train_tuned_lens
 
     at_least(args, "seq_len", "eval_windows", *(("steps", "batch") if args.action == "train" else ()))
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     tuned = evaluate_lens(model, lens, held.split(2), desc="tuned lens on held-out text")
     n = len(logit["kl"])
     report = {"model": model.cfg.name, "heldout_tokens": held.numel(), "train_seconds": seconds,
-              "after": [layer_name(i) for i in range(n)], "logit_lens": logit, "tuned_lens": tuned}
+              "after": [names.stream(i) for i in range(n)], "logit_lens": logit, "tuned_lens": tuned}
     if out:
         write_report(out, report)
     if args.json:
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
           "after the embedding and each block")
     print(f"{'after':>9}{'KL logit':>12}{'KL tuned':>12}{'ppl logit':>14}{'ppl tuned':>14}")
     for i in range(n):
-        print(f"{layer_name(i):>9}{logit['kl'][i]:>12.3f}{tuned['kl'][i]:>12.3f}"
+        print(f"{names.stream(i):>9}{logit['kl'][i]:>12.3f}{tuned['kl'][i]:>12.3f}"
               f"{logit['perplexity'][i]:>14.1f}{tuned['perplexity'][i]:>14.1f}")
     return 0
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .. import names
 from ..config import ModelConfig
 from ..inspect import run_with_cache
 from .fit import sample_batch, shakespeare, train_lm
@@ -30,9 +31,9 @@ VARIANTS = {"ReLU": ("mlp", "relu", 4), "GELU": ("mlp", "gelu", 4), "SiLU": ("ml
 @torch.no_grad()
 def dead_fraction(model, x: torch.Tensor) -> float:
     """The fraction of MLP hidden units (all layers) that are never positive on any token of the batch x."""
-    names = [f"blocks.{i}.mlp_hidden" for i in range(len(model.blocks))]
-    _, cache = run_with_cache(model, x, names)
-    alive = [(cache[n] > 0).flatten(0, -2).any(0) for n in names]   # per unit: positive somewhere
+    hidden = [names.activation(i, "mlp_hidden") for i in range(len(model.blocks))]
+    _, cache = run_with_cache(model, x, hidden)
+    alive = [(cache[n] > 0).flatten(0, -2).any(0) for n in hidden]   # per unit: positive somewhere
     return 1 - torch.cat(alive).float().mean().item()
 
 

@@ -10,6 +10,7 @@ from typing import TypedDict
 
 import torch
 
+from .. import names
 from ..inspect.attribution import attribute, single_token, top_components
 from ..inspect.patching import logit_diff, patching_maps
 from .result import Result, Table, figure
@@ -47,8 +48,8 @@ def run(quick: bool, seed: int) -> Result:
         p_corrupt = model(torch.tensor([corrupt]))[0][0, -1].softmax(-1)
 
     a = attribute(model, clean, contrast=(a_id, b_id), tokenizer=tok)
-    attn, mlp = [float(a.row(f"blocks.{i}.attn")[-1]) for i in range(n)], [float(a.row(f"blocks.{i}.mlp")[-1])
-                                                                           for i in range(n)]
+    attn = [float(a.row(names.write(i, "attn"))[-1]) for i in range(n)]
+    mlp = [float(a.row(names.write(i, "mlp"))[-1]) for i in range(n)]
     total = float(a.logit[-1])
     late = range(n - n // 3, n)
     late_share = sum(attn[i] + mlp[i] for i in late) / total
@@ -87,7 +88,7 @@ def run(quick: bool, seed: int) -> Result:
         tables.append(Table("Patching one head's output (all positions): the heads that restore most",
                             ["block", "head", "restored"], [[b, h, round(v, 3)] for v, b, h in flat]))
         numbers["top_heads_patching"] = flat
-        dla_heads = {(int(c.split(".")[1]), int(c.split(".")[3])) for c, _ in top if ".head." in c}
+        dla_heads = {(part.layer, part.head) for c, _ in top if (part := names.parse(c)).head is not None}
         both = [(b, h) for _, b, h in flat if (b, h) in dla_heads]
         named = ", ".join(f"{b}.{h}" for b, h in both)
         head_text = (" Patching single heads (block.head), the most restoring are "

@@ -9,28 +9,40 @@ Specs, tried in this order:
   path/to/hf-dir           config.json with a `model_type` + *.safetensors (tokenizer.json if present)
   hf:ORG/NAME[@REVISION]   a Hugging Face hub model, from (or downloaded into) the standard HF cache
   path/to/run-or-step-dir  a lumen training run or checkpoint directory
+
+Every format is read into the same `Weights` (config, tensors in lumen's names, tokenizer, sampling
+defaults) by `read`, and built into a GPT in one place, `GPT.from_state`, with the device and dtype
+applied there once. The model holds the chapter's own classes (nn.Linear, the chapter's norms and MLPs):
+what a reader reads in block.py is what runs. Speed (packed layouts, a GGUF's quantized blocks) is
+lumen.fast's, asked for explicitly.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..config import ModelConfig
 from ..errors import MissingFileError, UserError
 from ..model import GPT
+from ..tokenizers import FILENAME as TOKENIZER_FILE
 from ..tokenizers import Tokenizer, read_json
+from .weights import Weights
 
 # named models -> the lumen.fetch artifact holding their GGUF file
 MODELS = {"smollm2": "smollm2"}
-
-WEIGHTS = ("float", "gguf")  # how a GGUF's quantized matrices are held: dequantized, or as the file's blocks
 
 SPEC_FORMS = (
     f"a model name ({', '.join(MODELS)}), a .gguf file, a Hugging Face directory "
     "(config.json + model.safetensors), hf:ORG/NAME (the Hugging Face hub), or a lumen run/checkpoint directory"
 )
+
+
+class UnknownSpec(UserError):
+    """A spec that names no model lumen knows and no file or folder."""
 
 
 @dataclass
@@ -42,84 +54,113 @@ class Loaded:
     spec: str
 
 
-def load(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-         weights: str = "float") -> Loaded:
-    """The model and tokenizer a spec names; see the module docstring for the accepted forms.
-
-    weights="gguf" keeps a GGUF file's Q8_0/Q4_1 matrices as the file's blocks (lumen.quant: a fifth of
-    float32's memory; a prompt's rows computed in float32, a decoded token's as llama.cpp computes it, its x
-    rounded to 8 bits per block); "float" (the default) dequantizes them.
-
-    One explicit step after reading: `packing.fast_linears` turns the linear layers into FastLinear ones
-    (the same parameters, no extra memory), whose one-row products compile into fused loops and whose
-    weights `packing.packed(model)` can move into oneDNN's layout for eager decoding."""
-    from ..packing import fast_linears
-
-    if weights not in WEIGHTS:
-        raise UserError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
-    if weights == "gguf":
-        if dtype != torch.float32:
-            raise UserError("--weights gguf computes in float32 from the file's blocks (drop --dtype)")
-        from .gguf import load_gguf_quantized
-
-        model, tok = load_gguf_quantized(_gguf_path(spec))
-        return Loaded(model.to(device), tok, spec)
-    model, tok = _load(spec, device, dtype)
-    model = model.to(device=device, dtype=dtype).eval()
-    fast_linears(model)
-    return Loaded(model, tok, spec)
+def load(spec: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Loaded:
+    """The model and tokenizer a spec names (see the module docstring), on `device`, its weights in `dtype`."""
+    spec = str(spec)
+    w = read(spec)
+    return Loaded(build(w, device, dtype), w.tokenizer, spec)
 
 
-def _gguf_path(spec: str) -> Path:
-    """The GGUF file a spec names: a named model's cached file or a .gguf path."""
-    path = Path(spec)
-    if spec in MODELS and not path.exists():
-        from ..fetch import fetch
-
-        return fetch(MODELS[spec])
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise MissingFileError(f"no GGUF file at {path}")
-        return path
-    raise UserError(f"--weights gguf needs a GGUF model ({', '.join(MODELS)} or a .gguf file), not {spec!r}")
+def build(w: Weights, device: str | torch.device | None = "cpu", dtype: torch.dtype | None = torch.float32,
+          parts: dict[str, torch.nn.Module] | None = None) -> GPT:
+    """The GPT that read weights describe (GPT.from_state), with their sampling defaults."""
+    model = GPT.from_state(w.cfg, w.state, w.source, device, dtype, parts)
+    model.sampling = w.sampling
+    return model
 
 
-def _load(spec: str, device: str | torch.device, dtype: torch.dtype) -> tuple[GPT, Tokenizer | None]:
-    from . import gguf
+def read(spec: str, blocks: bool = False) -> Weights:
+    """What a spec's files hold, read and checked but not built. blocks=True: a GGUF's quantized matrices
+    stay as the file's blocks (lumen.fast.load_blocks builds from them); any other spec is refused then."""
+    kind, path = resolve(spec)
+    if blocks and kind != "gguf":
+        raise UserError(f"--weights gguf needs a GGUF model ({', '.join(MODELS)} or a .gguf file), not {spec!r}")
+    if kind == "gguf":
+        from .gguf import read_gguf
 
+        w = read_gguf(path, blocks)
+    elif kind == "hf":
+        from .hf import read_hf_dir
+
+        w = read_hf_dir(path)
+    else:
+        from .checkpoint import read_run
+
+        w = read_run(path)
+    if spec in MODELS or spec.startswith("hf:"):  # the name the user typed, not the file's
+        w.cfg = w.cfg.replace(name=spec)
+    return w
+
+
+def read_config(spec: str) -> ModelConfig:
+    """The config of the model a spec names, reading no weights (`lumen count`)."""
+    cfg = _header(spec)[0]
+    return cfg.replace(name=spec) if spec in MODELS or spec.startswith("hf:") else cfg
+
+
+def read_tokenizer(spec: str) -> Tokenizer | None:
+    """The tokenizer the model a spec names carries (None if it has none), reading no weights."""
+    return _header(spec)[1]
+
+
+def _header(spec: str) -> tuple[ModelConfig, Tokenizer | None]:
+    kind, path = resolve(spec, config_only=True)
+    if kind == "gguf":
+        from .gguf import naming, read_header
+
+        with naming(path):
+            _, cfg, gguf_tok = read_header(path)
+        return cfg, gguf_tok
+    if kind == "hf":
+        from .hf import read_hf_config
+
+        cfg = read_hf_config(path)
+        tok = Tokenizer.load(path) if (path / "tokenizer.json").is_file() else None
+    else:
+        from .checkpoint import CONFIG
+        from .checkpoint import resolve as checkpoint_of
+
+        ckpt = checkpoint_of(path)
+        cfg = ModelConfig.load(ckpt / CONFIG)
+        tok = Tokenizer.load(ckpt / TOKENIZER_FILE) if (ckpt / TOKENIZER_FILE).is_file() else None
+    if tok is not None:
+        tok.check_fits(cfg.vocab_size, str(path))
+    return cfg, tok
+
+
+def resolve(spec: str, config_only: bool = False) -> tuple[str, Path]:
+    """Which format a spec is ("gguf", "hf" or "run") and the file or folder that holds it: a named model
+    is fetched into lumen's cache, an hf: spec into the Hugging Face cache (with config_only, only its
+    config and tokenizer files)."""
     path = Path(spec)
     if spec.startswith("hf:"):  # a hub model: its snapshot folder in the Hugging Face cache is an HF directory
-        from .hf import hub_snapshot, load_hf_dir
+        from .hf import HUB_FILES, hub_snapshot
 
-        path = hub_snapshot(spec.removeprefix("hf:"))
-        has_tokenizer = (path / "tokenizer.json").is_file()
-        model = load_hf_dir(path, device, dtype)
-        model.cfg = model.cfg.replace(name=spec)
-        return model, Tokenizer.load(path) if has_tokenizer else None
+        return "hf", hub_snapshot(spec.removeprefix("hf:"), ["*.json"] if config_only else HUB_FILES)
     if spec in MODELS and not path.exists():
         from ..fetch import fetch
 
-        model, tok = gguf.load_gguf(fetch(MODELS[spec]), device, dtype)
-        model.cfg = model.cfg.replace(name=spec)
-        return model, tok
+        return "gguf", fetch(MODELS[spec])
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise MissingFileError(f"no GGUF file at {path}")
-        return gguf.load_gguf(path, device, dtype)
-    if path.is_dir() and _is_hf_dir(path):
-        from .hf import load_hf_dir
-
-        model = load_hf_dir(path, device, dtype)
-        if not (path / "tokenizer.json").is_file():  # (with its tokenizer_config.json, read by load)
-            return model, None
-        tok = Tokenizer.load(path)
-        tok.check_fits(model.cfg.vocab_size, str(path / "tokenizer.json"))
-        return model, tok
+            raise MissingFileError(f"no GGUF file at {path}{closest(path)}")
+        return "gguf", path
     if path.is_dir():
-        from .checkpoint import load_run
+        return ("hf" if _is_hf_dir(path) else "run"), path
+    if path.exists() or any(c in spec for c in "/\\") or spec.startswith("."):
+        raise MissingFileError(f"no model at {path}: give {SPEC_FORMS}{closest(path)}")
+    raise UnknownSpec(f"unknown model {spec!r}: give {SPEC_FORMS}{closest(path)}")
 
-        return load_run(path, device)
-    raise UserError(f"unknown model {spec!r}: give {SPEC_FORMS}")
+
+def closest(path: Path) -> str:
+    """"; did you mean ...?" naming the existing entries beside `path` closest to its name, or ""."""
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        names = [p.name for p in parent.iterdir()] if parent.is_dir() else []
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=2, cutoff=0.75)
+    return f"; did you mean {' or '.join(str(parent / c) for c in close)}?" if close else ""
 
 
 def _is_hf_dir(path: Path) -> bool:

@@ -10,7 +10,8 @@
 
 A run directory holds such checkpoints under `checkpoints/` and names its best one in `best.json`:
 
-    >>> model, tok = load_run("runs/shakespeare")       # doctest: +SKIP
+    >>> weights = read_run("runs/shakespeare")           # doctest: +SKIP
+    >>> loaded = lumen.formats.load("runs/shakespeare")  # the same, built: a GPT and its tokenizer  # doctest: +SKIP
 
 A checkpoint is first written into a hidden temporary directory beside its final place, every file
 fsync'ed, then renamed into place in one step: a crash or a full disk never leaves half a checkpoint
@@ -33,7 +34,7 @@ from ..files import atomic_dir, recover_dir
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
 from ..tokenizers import Tokenizer
-from .weights import read_safetensors
+from .weights import Weights, read_safetensors
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -129,16 +130,16 @@ def resolve(path: str | Path) -> Path:
     return found
 
 
-def load_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, Tokenizer | None]:
-    """The model (in eval mode) and tokenizer of a run directory or one checkpoint directory."""
+def read_run(path: str | Path) -> Weights:
+    """The weights, config and tokenizer of a run directory (its best checkpoint, else its latest) or of one
+    checkpoint directory."""
     ckpt = resolve(path)
     cfg = ModelConfig.load(ckpt / CONFIG)
-    model = GPT.from_state(cfg, read_safetensors(ckpt / WEIGHTS), source=str(ckpt / WEIGHTS)).to(device)
     tok_path = ckpt / TOKENIZER_FILE
     tok = Tokenizer.load(tok_path) if tok_path.is_file() else None
     if tok is not None:
         tok.check_fits(cfg.vocab_size, str(tok_path))
-    return model, tok
+    return Weights(cfg, read_safetensors(ckpt / WEIGHTS), str(ckpt / WEIGHTS), tok)
 
 
 def save_checkpoint(

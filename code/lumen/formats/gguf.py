@@ -1,8 +1,8 @@
 """llama.cpp's GGUF files: hyper-parameters from the metadata, tensors dequantized to float32 by the
 `gguf` package, mapped onto lumen's Llama-family model; the tokenizer rebuilt as a `tokenizers` BPE.
 
-    >>> cfg, state, tok = read_gguf(fetch("smollm2"))     # doctest: +SKIP
-    >>> model = GPT.from_state(cfg, state)                 # doctest: +SKIP
+    >>> weights = read_gguf(fetch("smollm2"))             # doctest: +SKIP
+    >>> model = GPT.from_state(weights.cfg, weights.state)  # what lumen.formats.load does  # doctest: +SKIP
 
 Two things in a GGUF differ from the checkpoint it was converted from:
 - llama.cpp rotates (x[2i], x[2i+1]) pairs with RoPE, Hugging Face (and lumen) rotate (x[i], x[i + hd/2]);
@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from ..config import ModelConfig
 from ..errors import ConfigError, MissingFileError, ModelFileError
 from ..model import GPT
-from ..quant import Blocks, QuantEmbedding, QuantLinear, blocks_from_gguf
 from ..tokenizers import HFTokenizer
+from .weights import Weights
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -321,21 +320,6 @@ def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, out // n_heads // 2, 2, d_in).transpose(1, 2).reshape(out, d_in)
 
 
-def state_from_gguf(reader: GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Every tensor dequantized, renamed to lumen's parameter names, Q/K rows in lumen's RoPE order.
-    Names, block count, shapes and types are checked against `cfg` first: nothing is dequantized or
-    built for a file that disagrees with its own metadata."""
-    check_tensors(reader, cfg)
-    state: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        name = _lumen_name(t.name)
-        assert name is not None  # check_tensors has placed every tensor
-        w = torch.from_numpy(dequantize(t))
-        heads = _permuted_heads(name, cfg)
-        state[name] = unpermute(w, heads) if heads else w
-    return state
-
-
 def _permuted_heads(name: str, cfg: ModelConfig) -> int | None:
     """How many heads llama.cpp's converter interleaved this tensor's rows by (W_Q, W_K), else None."""
     if name.endswith("attn.q.weight"):
@@ -442,13 +426,32 @@ def _list_of(meta: dict, key: str, kind: type, required: bool = False) -> list:
 
 
 # ---------------------------------------------------------------------------------------------
-def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], HFTokenizer]:
-    """(ModelConfig, state dict in lumen's names, tokenizer) from a GGUF file; whatever is wrong with
-    the file is a GGUFError naming it."""
+def read_gguf(path: str | Path, blocks: bool = False) -> Weights:
+    """The config, tensors in lumen's names and tokenizer of a GGUF file; whatever is wrong with the file is a
+    GGUFError naming it. blocks=True keeps the Q8_0/Q4_1 matrices as the file's blocks (`stored_blocks`, in
+    Weights.blocks: lumen.fast decodes from them) and dequantizes only the rest (the norms)."""
     with naming(path):
         reader, cfg, tok = read_header(path)
-        state = state_from_gguf(reader, cfg)
-    return cfg, state, tok
+        check_tensors(reader, cfg)  # names, block count, shapes and types: before anything is dequantized
+        out = Weights(cfg, {}, Path(path).name, tok)
+        for t in reader.tensors:
+            name = _lumen_name(t.name)
+            assert name is not None  # check_tensors has placed every tensor
+            heads = _permuted_heads(name, cfg)
+            kept = stored_blocks(t) if blocks and name.endswith(".weight") else None
+            if kept is None:
+                w = torch.from_numpy(dequantize(t))
+                out.state[name] = unpermute(w, heads) if heads else w
+                continue
+            codes, scale, minimum = kept
+            if not torch.isfinite(scale).all() or (minimum is not None and not torch.isfinite(minimum).all()):
+                raise GGUFError(f"{Path(path).name}: tensor {t.name} holds NaN or infinite block scales or minima; "
+                                "the file is damaged")
+            if heads:  # whole rows move: each row's blocks stay intact
+                codes, scale = unpermute(codes, heads), unpermute(scale, heads)
+                minimum = unpermute(minimum, heads) if minimum is not None else None
+            out.blocks[name] = (codes, scale, minimum)
+    return out
 
 
 @contextlib.contextmanager
@@ -464,7 +467,7 @@ def naming(path: str | Path) -> Iterator[None]:
 
 def read_header(path: str | Path) -> tuple[GGUFReader, ModelConfig, HFTokenizer]:
     """(reader, ModelConfig, tokenizer) from a GGUF file's metadata. The reader's parsed fields are dropped
-    once read: for a 49k-token vocabulary they are ~150 MB of small arrays, and the tensors do not need them."""
+    once read: for a large vocabulary they are many small arrays, and the tensors do not need them."""
     reader = open_gguf(path)
     meta = metadata(reader)
     names = {t.name for t in reader.tensors}
@@ -476,66 +479,27 @@ def read_header(path: str | Path) -> tuple[GGUFReader, ModelConfig, HFTokenizer]
     return reader, cfg, tok
 
 
-def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """A lumen GPT (eval mode) and its tokenizer from a GGUF file."""
-    cfg, state, tok = read_gguf(path)
-    model = GPT.from_state(cfg, state, source=Path(path).name)
-    return model.to(device=device, dtype=dtype).eval(), tok
+def stored_blocks(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """A Q8_0 or Q4_1 tensor's blocks as the file stores them (None for any other type): (codes, scale,
+    minimum). A block is 32 numbers of one row. Q8_0: w = d q, codes (out, in) int8, one scale d per block.
+    Q4_1: w = d q + m, codes (out, in / 2) uint8, two to a byte (a block's numbers 0-15 in the low halves of
+    its 16 bytes, 16-31 in the high halves), and per block a scale d and a minimum m. Scales and minima
+    (out, in / 32) are float32 (exact: the file's are float16)."""
+    from gguf import GGMLQuantizationType as Q
 
-
-# ---------------------------------------------------------------------------------------------
-# the quantized matrices kept as the file's blocks (lumen.quant)
-def load_gguf_quantized(path: str | Path):
-    """A lumen GPT (eval, float32 activations) whose Q8_0/Q4_1 matrices stay as the file's blocks, and its
-    tokenizer. Tensors of other types (norms: F32) are read as `formats.gguf` reads them."""
-    with naming(path):
-        reader, cfg, tok = read_header(path)
-        check_tensors(reader, cfg)  # the same checks as the float path, before anything is built
-    with torch.device("meta"):
-        model = GPT(cfg)
-    modules = dict(model.named_modules())
-    state: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        name = _lumen_name(t.name)
-        assert name is not None  # check_tensors has placed every tensor
-        owner = modules.get(name.rsplit(".", 1)[0])
-        blocks = blocks_from_gguf(t) if isinstance(owner, (nn.Linear, nn.Embedding)) else None
-        heads = _permuted_heads(name, cfg)
-        if blocks is None:
-            w = _finite(path, t.name, torch.from_numpy(dequantize(t)))
-            state[name] = unpermute(w, heads) if heads else w
-            continue
-        _finite(path, t.name, blocks.scale)
-        if blocks.minimum is not None:
-            _finite(path, t.name, blocks.minimum)
-        if heads:  # whole rows move: the blocks stay intact
-            for key in ("codes", "scale", "minimum"):
-                if getattr(blocks, key) is not None:
-                    setattr(blocks, key, unpermute(getattr(blocks, key), heads))
-        _replace_with_blocks(model, name.rsplit(".", 1)[0], blocks)
-    if cfg.tie_embeddings and isinstance(model.tok_emb, QuantEmbedding):
-        # the same blocks, read as the unembedding (a QuantLinear computes as the Linear it stands for)
-        model.lm_head = QuantLinear(model.tok_emb.blocks)  # type: ignore[assignment]
-    elif cfg.tie_embeddings and "tok_emb.weight" in state:
-        state["lm_head.weight"] = state["tok_emb.weight"]
-    model.load_state_dict(state, strict=False, assign=True)
-    model.reset_buffers("cpu")
-    left = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
-    if left:
-        raise GGUFError(f"{Path(path).name} lacks tensors for {left[:3]}; the file is incomplete "
-                             "or not a Llama model")
-    return model.eval(), tok
-
-
-def _finite(path: str | Path, name: str, t: torch.Tensor) -> torch.Tensor:
-    """t, if it holds no NaN or infinity (GPT.from_state's check, for the tensors the block loader assigns)."""
-    if not torch.isfinite(t).all():
-        raise GGUFError(f"{Path(path).name}: tensor {name} holds NaN or infinite values; the file is damaged")
-    return t
-
-
-def _replace_with_blocks(model: nn.Module, path: str, blocks: Blocks) -> None:
-    parent_name, _, child = path.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    old = getattr(parent, child)
-    setattr(parent, child, QuantEmbedding(blocks) if isinstance(old, nn.Embedding) else QuantLinear(blocks))
+    block = 32
+    raw = np.asarray(tensor.data, dtype=np.uint8)  # (out, bytes per row)
+    out = raw.shape[0]
+    if tensor.tensor_type == Q.Q8_0:
+        b = raw.reshape(out, -1, 2 + block)
+        scale = b[..., :2].copy().view(np.float16)[..., 0]
+        codes = b[..., 2:].copy().view(np.int8).reshape(out, -1)
+        return torch.from_numpy(codes), torch.from_numpy(scale.astype(np.float32)), None
+    if tensor.tensor_type == Q.Q4_1:
+        b = raw.reshape(out, -1, 4 + block // 2)
+        scale = b[..., 0:2].copy().view(np.float16)[..., 0]
+        minimum = b[..., 2:4].copy().view(np.float16)[..., 0]
+        codes = b[..., 4:].reshape(out, -1)  # packed, as stored
+        return (torch.from_numpy(codes.copy()), torch.from_numpy(scale.astype(np.float32)),
+                torch.from_numpy(minimum.astype(np.float32)))
+    return None

@@ -8,29 +8,30 @@ the rows of each head together ([q_h, k_h, v_h] for head h).
 A directory this module writes is one transformers' from_pretrained reads; `hub_snapshot` finds (or
 downloads) a hub model in the Hugging Face cache:
 
-    >>> model = load_hf_dir("path/to/hf-dir")                         # doctest: +SKIP
-    >>> save_hf_dir(model, "out/")                                     # doctest: +SKIP
-    >>> pythia = load_hf_dir(hub_snapshot("EleutherAI/pythia-70m"))   # doctest: +SKIP
+    >>> weights = read_hf_dir("path/to/hf-dir")                       # doctest: +SKIP
+    >>> save_hf_dir(lumen.formats.load("smollm2").model, "out/")      # doctest: +SKIP
+    >>> pythia = read_hf_dir(hub_snapshot("EleutherAI/pythia-70m"))   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..config import ModelConfig
+from ..decode import Sampling
 from ..errors import ConfigError, FetchError, MissingFileError, ModelFileError, UserError
+from ..files import atomic_dir
 from ..model import GPT
-from ..tokenizers import read_json
-from .weights import read_safetensors
+from ..tokenizers import Tokenizer, read_json
+from .weights import Weights, read_safetensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -357,17 +358,13 @@ def from_hf_model(hf_model: PreTrainedModel) -> GPT:
     return GPT.from_state(cfg, from_hf(state, cfg), source=f"transformers {type(hf_model).__name__}")
 
 
-def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> GPT:
-    """Load a Hugging Face-format directory: config.json and model.safetensors, or the shards that
-    model.safetensors.index.json lists. Weights stored in fp16/bf16 load into `dtype`."""
+def read_hf_dir(path: str | Path) -> Weights:
+    """A Hugging Face-format directory: config.json and model.safetensors, or the shards that
+    model.safetensors.index.json lists; tokenizer.json and generation_config.json when it has them."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise MissingFileError(f"{path} has no config.json (expected a Hugging Face model directory)")
-    c = read_json(path / "config.json", "model config")
-    try:
-        cfg = config_from_hf(c, name=path.name)
-    except (ModelFileError, ConfigError) as e:  # (ConfigError: a value out of ModelConfig's ranges)
-        raise ModelFileError(f"{path / 'config.json'}: {e}") from None
+    cfg = read_hf_config(path)
     hf: dict[str, torch.Tensor] = {}
     for f in weight_files(path):
         hf.update(read_safetensors(f))
@@ -379,7 +376,41 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
         state = from_hf(hf, cfg)
     except ModelFileError as e:
         raise ModelFileError(f"{path}: {e}") from None
-    return GPT.from_state(cfg, state, source=str(path), dtype=dtype).to(device)
+    tok = None
+    if (path / "tokenizer.json").is_file():  # (with its tokenizer_config.json, read by Tokenizer.load)
+        tok = Tokenizer.load(path)
+        tok.check_fits(cfg.vocab_size, str(path / "tokenizer.json"))
+    generation = path / GENERATION_CONFIG
+    return Weights(cfg, state, str(path), tok, read_generation_config(generation) if generation.is_file() else None)
+
+
+def read_hf_config(path: Path) -> ModelConfig:
+    """The ModelConfig of a Hugging Face directory's config.json (named after the directory)."""
+    c = read_json(path / "config.json", "model config")
+    try:
+        return config_from_hf(c, name=path.name)
+    except (ModelFileError, ConfigError) as e:  # (ConfigError: a value out of ModelConfig's ranges)
+        raise ModelFileError(f"{path / 'config.json'}: {e}") from None
+
+
+GENERATION_CONFIG = "generation_config.json"  # a Hugging Face directory's sampling defaults
+
+
+def read_generation_config(path: Path) -> Sampling | None:
+    """The sampling defaults a Hugging Face generation_config.json carries (do_sample false: greedy), over
+    lumen's; None if it sets none of them."""
+    config = read_json(path, "generation config")
+    found = {k: config[k] for k in ("temperature", "top_p", "top_k") if config.get(k) is not None}
+    if found.get("top_k") == 0:  # Hugging Face's "no top-k"
+        found["top_k"] = None
+    if config.get("do_sample") is False:
+        found["temperature"] = 0.0
+    if not found:
+        return None
+    try:
+        return dataclasses.replace(Sampling(), **found)
+    except UserError as e:
+        raise ModelFileError(f"{path}: {e} (fix the file, or give --temperature/--top-p/--top-k)") from None
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -405,26 +436,22 @@ def weight_files(path: Path) -> list[Path]:
     return [path / "model.safetensors"]
 
 
-def save_hf_dir(model: GPT, path: str | Path) -> Path:
-    """Write config.json + model.safetensors that transformers' from_pretrained loads. Written into a
-    temporary folder beside `path` and renamed into place, so a failed save leaves nothing half-written."""
+def save_hf_dir(model: GPT, path: str | Path, tokenizer: Tokenizer | None = None) -> Path:
+    """Write config.json + model.safetensors (and the tokenizer's files) that transformers' from_pretrained
+    loads, into a new or empty directory. Written into a hidden folder beside `path` and renamed into place
+    (`files.atomic_dir`), so a failed save leaves nothing half-written."""
     from safetensors.torch import save_file
 
     path = Path(path)
-    if path.exists() and any(path.iterdir()):
-        raise FileExistsError(f"{path} exists and is not empty (choose a new output directory)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.partial-"))
-    try:
-        state = {k: v.detach().cpu().contiguous() for k, v in to_hf(model.state_dict(), model.cfg).items()}
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UserError(f"{path} exists and is not an empty directory (choose a new output directory)")
+    state = {k: v.detach().cpu().contiguous() for k, v in to_hf(model.state_dict(), model.cfg).items()}
+    with atomic_dir(path) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        hf_cfg = config_to_hf(model.cfg) | {"torch_dtype": str(model.lm_head.weight.dtype).removeprefix("torch.")}
+        hf_cfg = config_to_hf(model.cfg) | {"torch_dtype": str(model.dtype).removeprefix("torch.")}
         (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
-        if path.exists():
-            path.rmdir()
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tokenizer is not None:
+            tokenizer.save(tmp)  # an HF tokenizer: tokenizer_config.json too
     return path
 
 
@@ -443,10 +470,11 @@ def hub_cache_dir() -> Path:
     return Path(os.environ.get("HF_HOME") or xdg / "huggingface").expanduser() / "hub"
 
 
-def hub_snapshot(name: str) -> Path:
+def hub_snapshot(name: str, patterns: list[str] = HUB_FILES) -> Path:
     """The local folder of hub model "ORG/NAME" or "ORG/NAME@REVISION": downloaded into the standard
     Hugging Face cache unless it is there already; with HF_HUB_OFFLINE=1 or no network, from the cache
-    only. Only config/tokenizer json files and safetensors weights are fetched."""
+    only. Only config/tokenizer json files and safetensors weights are fetched (or the files `patterns`
+    names: ["config.json"] for the config alone)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         HfHubHTTPError,
@@ -462,7 +490,7 @@ def hub_snapshot(name: str) -> Path:
     cache = hub_cache_dir()
     try:
         return Path(snapshot_download(repo, revision=revision or None, cache_dir=cache, local_files_only=offline,
-                                      allow_patterns=HUB_FILES))
+                                      allow_patterns=patterns))
     except LocalEntryNotFoundError:
         why = "HF_HUB_OFFLINE=1 is set" if offline else "the Hugging Face hub cannot be reached"
         rev = f" --revision {revision}" if revision else ""

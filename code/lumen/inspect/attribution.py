@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import names
 from ..block import LayerNorm, PostLNBlock, RMSNorm
 from ..errors import UserError
 from ..model import GPT
@@ -115,7 +116,7 @@ def attribute(
     target: a token id (the same at every position) or one per position; default the model's own top-1
     prediction at each position. contrast=(a, b) splits logit[a] - logit[b] instead.
     """
-    idx = torch.as_tensor(idx, dtype=torch.long, device=model.lm_head.weight.device)
+    idx = torch.as_tensor(idx, dtype=torch.long, device=model.device)
     if idx.dim() == 1:
         idx = idx[None]
     if idx.dim() != 2 or idx.size(0) != 1 or idx.size(1) == 0:
@@ -126,9 +127,10 @@ def attribute(
     if model.training:
         raise UserError("attribute needs the model in eval mode (model.eval()): dropout would change the writes")
     L, T = len(model.blocks), idx.size(1)
-    names = ["embed"] + [f"blocks.{i}.{k}" for i in range(L) for k in ("attn_heads", "attn_out", "mlp_out")]
-    names.append(f"blocks.{L - 1}.resid_post")
-    logits, cache = run_with_cache(model, idx, names)
+    last = names.activation(L - 1, "resid_post")
+    kinds = ("attn_heads", "attn_out", "mlp_out")
+    wanted = [names.EMBED, last] + [names.activation(i, k) for i in range(L) for k in kinds]
+    logits, cache = run_with_cache(model, idx, wanted)
     logits = logits[0].double()                                                 # (T, V)
     W_U = model.lm_head.weight                                                 # (V, d): row t reads token t
     if contrast is not None:
@@ -148,31 +150,31 @@ def attribute(
         minus = None
         u = W_U[tgt].double()
         logit = logits[torch.arange(T), tgt]
-    x_final = cache[f"blocks.{L - 1}.resid_post"][0]
+    x_final = cache[last][0]
     w, bias_share = readout_vector(model.ln_f, x_final, u)                     # (T, d), (T,)
 
     def share(c: torch.Tensor) -> torch.Tensor:
         return (c[0].double() * w).sum(-1)
 
     writes, rows = [], []
-    embed = cache["embed"]
+    embed = cache[names.EMBED]
     if model.pos_emb is not None:   # the token and the position write separately
         tok = model.tok_emb(idx)
         writes += [tok, embed - tok]
         rows += ["tok_emb", "pos_emb"]
     else:
         writes.append(embed)
-        rows.append("embed")
+        rows.append(names.EMBED)
     H = model.attention(0).n_heads
     heads = torch.zeros(L, H, T, dtype=torch.float64)
     attn_bias = torch.zeros(L, T, dtype=torch.float64)
     for i in range(L):
-        writes += [cache[f"blocks.{i}.attn_out"], cache[f"blocks.{i}.mlp_out"]]
-        rows += [f"blocks.{i}.attn", f"blocks.{i}.mlp"]
+        writes += [cache[names.activation(i, "attn_out")], cache[names.activation(i, "mlp_out")]]
+        rows += [names.write(i, "attn"), names.write(i, "mlp")]
         out = model.attention(i).out
         hd = out.in_features // H
         v = w @ out.weight.double()                                             # (T, H * hd): W_O^T w per position
-        z = cache[f"blocks.{i}.attn_heads"][0].double()
+        z = cache[names.activation(i, "attn_heads")][0].double()
         heads[i] = (z * v).view(T, H, hd).sum(-1).T.cpu()
         if out.bias is not None:
             attn_bias[i] = (w @ out.bias.double()).cpu()
@@ -203,6 +205,6 @@ def top_components(a: Attribution, position: int = -1, n: int = 10) -> list[tupl
     t = position % len(a.ids)
     items = [(c, float(v[t])) for c, v in zip(a.components, a.values) if not c.endswith(".attn")]
     L, H = a.heads.shape[:2]
-    items += [(f"blocks.{i}.head.{h}", float(a.heads[i, h, t])) for i in range(L) for h in range(H)]
-    items += [(f"blocks.{i}.attn.bias", float(a.attn_bias[i, t])) for i in range(L) if a.attn_bias[i, t] != 0]
+    items += [(names.head(i, h), float(a.heads[i, h, t])) for i in range(L) for h in range(H)]
+    items += [(names.write(i, "attn") + ".bias", float(a.attn_bias[i, t])) for i in range(L) if a.attn_bias[i, t] != 0]
     return sorted(items, key=lambda kv: -abs(kv[1]))[:n]

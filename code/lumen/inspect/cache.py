@@ -29,20 +29,18 @@ the code it always runs. Nothing here changes the model's arithmetic.
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 
+from .. import names
 from ..block import ParallelBlock, PostLNBlock, TransformerBlock
 from ..errors import UserError
 from ..model import GPT, plain_attention
 
-PER_BLOCK = ("resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "resid_post", "attn_pattern",
-             "attn_heads")
-_BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(\w+)$")
+PER_BLOCK = names.ACTIVATIONS
 
 
 class UnknownActivation(UserError, KeyError):
@@ -63,23 +61,22 @@ def unknown(name: str, valid: list[str], where: str = "") -> UnknownActivation:
 
 def activation_names(model: GPT) -> list[str]:
     """Every name the cache knows for this model, in the order the forward pass produces them."""
-    names = ["embed"]
+    found = [names.EMBED]
     for i, block in enumerate(model.blocks):
         parallel = isinstance(block, ParallelBlock)
-        names += [f"blocks.{i}.{kind}" for kind in PER_BLOCK if not (parallel and kind == "resid_mid")]
-    return names + ["final"]
+        found += [names.activation(i, kind) for kind in PER_BLOCK if not (parallel and kind == "resid_mid")]
+    return found + [names.FINAL]
 
 
 def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
     """The module whose input ("pre") or output ("out") is the named activation."""
-    if name == "embed":
+    if name == names.EMBED:
         return model.drop, "out"
-    if name == "final":
+    if name == names.FINAL:
         return model.ln_f, "out"
-    m = _BLOCK_NAME.match(name)
-    if not m or m.group(2) not in PER_BLOCK:
+    i, kind, _ = names.parse(name)
+    if i is None or kind not in PER_BLOCK:
         raise unknown(name, activation_names(model))
-    i, kind = int(m.group(1)), m.group(2)
     check_layer(model, i)
     block = model.blocks[i]
     assert isinstance(block, TransformerBlock)
@@ -113,8 +110,8 @@ def check_layer(model: GPT, layer: int) -> int:
     return layer
 
 
-def _pattern_layers(names: Iterable[str]) -> list[int]:
-    return [int(m.group(1)) for n in names if (m := _BLOCK_NAME.match(n)) and m.group(2) == "attn_pattern"]
+def _pattern_layers(wanted: Iterable[str]) -> list[int]:
+    return [p.layer for p in map(names.parse, wanted) if p.kind == "attn_pattern" and p.layer is not None]
 
 
 @contextmanager
@@ -163,8 +160,7 @@ class ActivationCache(dict):
     def __missing__(self, name: str) -> torch.Tensor:
         if not isinstance(name, str):
             raise KeyError(name)
-        m = _BLOCK_NAME.match(name)
-        if (m and m.group(2) in PER_BLOCK) or name in ("embed", "final"):
+        if names.parse(name).kind in (*PER_BLOCK, names.EMBED, names.FINAL):
             close = difflib.get_close_matches(name, list(self), n=3, cutoff=0.6)
             also = f"; it holds e.g. {', '.join(repr(c) for c in close)}" if close else ""
             raise UnknownActivation(f"{name!r} is not in this cache (ask run_with_cache for it in names=, "
@@ -173,14 +169,14 @@ class ActivationCache(dict):
 
     def stack(self, kind: str) -> torch.Tensor:
         """One per-block activation of every cached block, in block order, stacked along a new first axis."""
-        found = sorted((int(m.group(1)), k) for k in self if (m := _BLOCK_NAME.match(k)) and m.group(2) == kind)
+        found = sorted((p.layer, k) for k in self if (p := names.parse(k)).kind == kind and p.layer is not None)
         if not found:
             raise UserError(f"no blocks.<i>.{kind} in this cache (was it requested?)")
         return torch.stack([self[k] for _, k in found])
 
     def streams(self) -> torch.Tensor:
         """The residual stream after every layer: embed, then the output of each block: (n_layers + 1, ...)."""
-        return torch.stack([self["embed"]] + list(self.stack("resid_post")))
+        return torch.stack([self[names.EMBED]] + list(self.stack("resid_post")))
 
 
 def run_with_cache(

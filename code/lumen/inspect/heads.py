@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import names
 from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
@@ -26,8 +27,8 @@ from .cache import run_with_cache
 
 def patterns(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     """Every layer's attention pattern for token ids idx (B, T): (n_layers, B, heads, T, T)."""
-    names = [f"blocks.{i}.attn_pattern" for i in range(len(model.blocks))]
-    _, cache = run_with_cache(model, idx, names)
+    wanted = [names.activation(i, "attn_pattern") for i in range(len(model.blocks))]
+    _, cache = run_with_cache(model, idx, wanted)
     return cache.stack("attn_pattern")
 
 
@@ -55,7 +56,7 @@ def induction_scores(model: GPT, n: int = 4, half: int = 32, seed: int = 0) -> t
     """Induction score (n_layers, heads) on n random sequences of `half` tokens, each repeated once."""
     if 2 * half > model.cfg.context:
         raise UserError(f"repeated sequences of 2 x {half} tokens exceed the model's context of {model.cfg.context}")
-    idx = repeated_random_tokens(model.cfg.vocab_size, n, half, seed).to(model.lm_head.weight.device)
+    idx = repeated_random_tokens(model.cfg.vocab_size, n, half, seed).to(model.device)
     a = patterns(model, idx)                                        # (L, B, H, 2h, 2h)
     # query t (in the second copy, t >= half) -> key t - half + 1: the diagonal at offset -(half - 1)
     diag = a.diagonal(offset=-(half - 1), dim1=-2, dim2=-1)         # queries t = half-1 .. 2h-1
@@ -67,7 +68,7 @@ def head_scores(model: GPT, text: torch.Tensor, n_random: int = 4, half: int = 3
     """All three scores (n_layers, heads): previous- and first-token on text windows (B, T),
     induction on repeated random tokens."""
     with progress(total=2, desc="scoring heads", unit="pass") as bar:
-        scores = positional_scores(model, text.to(model.lm_head.weight.device))
+        scores = positional_scores(model, text.to(model.device))
         bar.update()
         scores["induction"] = induction_scores(model, n_random, half, seed)
         bar.update()

@@ -5,7 +5,7 @@ own final norm and unembedding, and watch the prediction form.
     >>> result.top_tokens(layer=6)[-1]                        # doctest: +SKIP
     ' Paris'
 
-Row l of a result is the stream after l blocks, named as everywhere in lumen (see `layer_name`): row 0
+Row l of a result is the stream after l blocks, named as everywhere in lumen (`names.stream`): row 0
 "embed" (the embedding), row l "block l-1"; the last row, the last block's output, is read exactly as the
 model reads it.
 """
@@ -19,21 +19,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import names
 from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
 from .cache import run_with_cache
 
 MAX_CHUNK_BYTES = 256 * 2**20  # how many layers' logits to hold at once
-
-
-def layer_name(layer: int) -> str:
-    """Row `layer` of a lens (the stream after `layer` blocks), named by the block that wrote it last.
-
-    lumen's one naming scheme, in every table, figure and JSON file: "embed" is the embedding's output (the
-    stream before any block), "block i" the stream after block i, blocks counted from 0 as in
-    `model.blocks[i]`; heads are "block i head j"."""
-    return "embed" if layer == 0 else f"block {layer - 1}"
 
 
 class Lens(nn.Module):
@@ -66,8 +58,8 @@ class LogitLens(Lens):
 
 def streams(model: GPT, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(the model's logits (B, T, V), the stream after every layer (n_layers + 1, B, T, d)) in one forward."""
-    names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(len(model.blocks))]
-    logits, cache = run_with_cache(model, idx, names)
+    wanted = [names.EMBED] + [names.activation(i, "resid_post") for i in range(len(model.blocks))]
+    logits, cache = run_with_cache(model, idx, wanted)
     return logits, cache.streams()
 
 
@@ -125,7 +117,7 @@ class LensResult:
             "ids": self.ids,
             "layers": [
                 {
-                    "after": layer_name(layer),
+                    "after": names.stream(layer),
                     "kl": [round(float(x), 6) for x in self.kl[layer]],
                     "entropy": [round(float(x), 6) for x in self.entropy[layer]],
                     "next_prob": [round(float(x), 6) for x in self.next_prob[layer]],
@@ -155,7 +147,7 @@ def logit_lens(
 ) -> LensResult:
     """Run the model once on one prompt (ids (T,) or (1, T)) and read every layer through `lens`
     (default: the logit lens). The unembeddings of many layers are batched into one matmul."""
-    idx = torch.as_tensor(idx, dtype=torch.long, device=model.lm_head.weight.device)
+    idx = torch.as_tensor(idx, dtype=torch.long, device=model.device)
     if idx.dim() == 1:
         idx = idx[None]
     if idx.dim() != 2 or idx.size(0) != 1:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .. import names
 from ..block import LayerNorm, TransformerBlock
 from ..errors import UserError
 from ..model import GPT
@@ -81,8 +82,8 @@ def top_activations(
     best_v: torch.Tensor | None = None
     best_i: torch.Tensor | None = None
     for start in progress(range(0, windows.size(0), batch), desc=f"reading block {layer}'s MLP", unit="batch"):
-        x = windows[start : start + batch].to(model.lm_head.weight.device)
-        acts = capture(model, x, f"blocks.{layer}.mlp_hidden").flatten(0, 1).float().cpu()  # (B*T, units)
+        x = windows[start : start + batch].to(model.device)
+        acts = capture(model, x, names.activation(layer, "mlp_hidden")).flatten(0, 1).float().cpu()  # (B*T, units)
         pos = torch.arange(start * windows.size(1), start * windows.size(1) + acts.size(0))
         kk = min(k, acts.size(0))
         v, i = acts.topk(kk, dim=0)                                    # (kk, units)

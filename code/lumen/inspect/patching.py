@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .. import names
 from ..errors import UserError
 from ..model import GPT
 from .cache import check_layer, hooks, run_with_cache
@@ -45,7 +46,7 @@ class Site:
 
     @property
     def name(self) -> str:
-        return f"blocks.{self.layer}.{KINDS[self.kind]}"
+        return names.activation(self.layer, KINDS[self.kind])
 
 
 Metric = Callable[[torch.Tensor], torch.Tensor]   # logits at the metric's position (B, V) -> (B,)
@@ -77,7 +78,7 @@ def _check(model: GPT, clean: torch.Tensor, corrupt: torch.Tensor, sites: Sequen
 
 
 def _as_ids(model: GPT, idx: torch.Tensor | Sequence[int]) -> torch.Tensor:
-    idx = torch.as_tensor(idx, dtype=torch.long, device=model.lm_head.weight.device)
+    idx = torch.as_tensor(idx, dtype=torch.long, device=model.device)
     return idx[None] if idx.dim() == 1 else idx
 
 
@@ -147,9 +148,9 @@ class Patching:
 
 
 def _caches(model: GPT, clean: torch.Tensor, corrupt: torch.Tensor, metric: Metric, position: int):
-    names = [f"blocks.{i}.{k}" for i in range(len(model.blocks)) for k in KINDS.values()] + ["final"]
-    _, cache = run_with_cache(model, clean, names)
-    m_clean = float(metric(model.lm_head(cache["final"][:, position])))   # read exactly as run_patched reads
+    wanted = [names.activation(i, k) for i in range(len(model.blocks)) for k in KINDS.values()] + [names.FINAL]
+    _, cache = run_with_cache(model, clean, wanted)
+    m_clean = float(metric(model.lm_head(cache[names.FINAL][:, position])))   # read exactly as run_patched reads
     m_corrupt = float(metric(run_patched(model, cache, corrupt, [[]], position)))
     if m_clean == m_corrupt:
         raise UserError("the metric is the same on the clean and the corrupted prompt: nothing to restore "

@@ -24,13 +24,14 @@ from html import escape
 
 import torch
 
+from .. import names
 from ..errors import UserError
 from ..inspect.attribution import attribute, single_token
 from ..inspect.cache import run_with_cache
 from ..inspect.lens import LogitLens, logit_lens
 from ..inspect.patching import KINDS, logit_diff, patching_maps
 from ..model import GPT
-from .figures import layer_name, visible
+from .figures import visible
 from .html import DARK, LIGHT
 
 MAX_TOKENS = 256   # longer prompts make a page too large to be useful
@@ -61,11 +62,12 @@ def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] |
     L, T = len(model.blocks), len(ids)
     data = {
         "model": model.cfg.name, "prompt": prompt, "tokens": [visible(t) for t in a.tokens], "ids": ids,
-        "n_layers": L, "n_heads": model.attention(0).n_heads, "layer_names": [layer_name(i) for i in range(L + 1)],
+        "n_layers": L, "n_heads": model.attention(0).n_heads, "layer_names": [names.stream(i) for i in range(L + 1)],
         "texts": {str(i): visible(t) for i, t in texts.items()},
         "lenses": {name: {"top_ids": r.top_ids.tolist(), "top_probs": _round(r.top_probs, 4),
                           "final_prob": _round(r.final_prob, 4)} for name, r in lenses.items()},
         "attribution": a.to_dict(lambda i: visible(tokenizer.decode([i]))),
+        "display": {c: names.display(c) for c in a.components},
         "patterns": _patterns(model, ids),
         "contrast": list(contrast) if contrast else None,
         "patching": None,
@@ -98,8 +100,8 @@ def _round(t: torch.Tensor | list | float | None, digits: int) -> list | float |
 def _patterns(model: GPT, ids: list[int]) -> str:
     """Every head's attention pattern as bytes, base64: for each layer and head, the lower triangle
     (query q, keys 0..q) row by row, each weight as round(255 w)."""
-    names = [f"blocks.{i}.attn_pattern" for i in range(len(model.blocks))]
-    _, cache = run_with_cache(model, torch.tensor([ids], device=model.lm_head.weight.device), names)
+    wanted = [names.activation(i, "attn_pattern") for i in range(len(model.blocks))]
+    _, cache = run_with_cache(model, torch.tensor([ids], device=model.device), wanted)
     a = cache.stack("attn_pattern")[:, 0].float().cpu()                       # (L, H, T, T)
     T = a.size(-1)
     rows, cols = torch.tril_indices(T, T)
@@ -212,7 +214,7 @@ function buildAttr() {
   names.forEach(n => {
     const v = A.components[n][pos];
     const row = el('div', {class: 'bar-row', 'data-component': n, 'data-value': String(v)});
-    row.appendChild(el('span', {class: 'name'}, n.replace('blocks.', 'block ').replace('.', ' ')));
+    row.appendChild(el('span', {class: 'name'}, D.display[n]));
     const track = el('span', {class: 'track'}), bar = el('span', {class: 'bar'});
     const w = 50 * Math.abs(v) / lim;
     bar.style.width = w + '%';

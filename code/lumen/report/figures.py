@@ -11,10 +11,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .. import names
 from ..files import atomic_path
-from ..inspect.lens import layer_name
-
-__all__ = ["layer_name"]  # re-exported: the figures' row names
 
 MAX_POSITIONS = 32  # the heatmap shows at most the last 32 positions of a prompt
 
@@ -52,7 +50,7 @@ def lens_heatmap(result, path: str | Path, title: str = "logit lens") -> Path:
             word = _short(result.vocab_of(int(result.top_ids[r, t, 0])))
             ax.text(c, r, word, ha="center", va="center", fontsize=6.5, color="white" if probs[r, c] > 0.6 else "black")
     ax.set_xticks(range(len(cols)), [_short(result.tokens[t], 10) for t in cols], rotation=60, ha="right", fontsize=7)
-    ax.set_yticks(range(n_layers), [layer_name(i) for i in range(n_layers)], fontsize=7)
+    ax.set_yticks(range(n_layers), [names.stream(i) for i in range(n_layers)], fontsize=7)
     ax.set_xlabel("input position (the cell predicts the token after it)")
     ax.set_ylabel("stream after")
     ax.set_title(title)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from html import escape
 
-from .figures import layer_name, visible
+from .. import names
+from .figures import visible
 
 LIGHT, DARK = (247, 251, 255), (8, 48, 107)   # the colour scale's ends: probability 0 and 1
 
@@ -54,7 +55,7 @@ def lens_page(result, title: str = "logit lens") -> str:
             fg = "#fff" if p > 0.55 else "#000"
             word = _show(result.vocab_of(int(result.top_ids[layer, t, 0])))
             cells.append(f"<td class='cell' style='background:{colour(p)};color:{fg}'>{word}{tip}</td>")
-        rows.append(f"<tr><th>{layer_name(layer)}</th>{''.join(cells)}</tr>")
+        rows.append(f"<tr><th>{names.stream(layer)}</th>{''.join(cells)}</tr>")
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"

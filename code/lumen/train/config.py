@@ -186,7 +186,7 @@ def _model_hints() -> dict[str, object]:
 
 # The built-in runs. "shakespeare" is the README's first command: a byte-level BPE (each token spells several
 # characters, so the model sees more text in the same minutes) and a compiled step (at this small shape an eager
-# step is mostly per-operation overhead). What it reaches, how fast, and the settings tried: README, Training.
+# step is mostly per-operation overhead). What it reaches, how fast, and the settings tried: docs/training.md.
 PRESETS: dict[str, dict] = {
     "shakespeare": {
         "corpus": "shakespeare", "tokenizer": "bpe", "vocab_size": 4096, "out_dir": "runs/shakespeare",

@@ -73,7 +73,7 @@ def leave(code: int = 0) -> NoReturn:
     DDP's C++ side keeps the gloo process group alive after destroy_process_group, so gloo's worker
     threads outlive it; one may still be releasing a finished collective's tensors while Python shuts
     down, and taking the GIL then aborts the process ("terminate called without an active exception":
-    measured 1 run in ~30 of a short 2-process run under load; a core dump shows the gloo thread in
+    seen in short 2-process runs under load; a core dump shows the gloo thread in
     THPVariable_dealloc during Py_FinalizeEx)."""
     sys.stdout.flush()
     sys.stderr.flush()

@@ -24,10 +24,12 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
+from ..compiling import COMPILE_OPTIONS
 from ..config import ModelConfig
 from ..data import TokenData
+from ..decode import Sampling, stream
 from ..errors import ConfigError, TrainingError, UserError
-from ..model import COMPILE_OPTIONS, GPT
+from ..model import GPT
 from ..threads import ThreadTuner
 from . import distributed
 from .config import TrainConfig
@@ -225,8 +227,8 @@ class Trainer:
         gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.raw.eval()
         with self.autocast():
-            ids = list(self.raw.stream(idx, cfg.sample_tokens, temperature=cfg.temperature, generator=gen,
-                                       use_cache=idx.size(1) + cfg.sample_tokens <= self.T))
+            ids = list(stream(self.raw, idx, cfg.sample_tokens, Sampling(cfg.temperature, top_p=None), gen,
+                              use_cache=idx.size(1) + cfg.sample_tokens <= self.T))
         self.raw.train()
         return self.tokenizer.decode(prompt + [int(t[0]) for t in ids])
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..compiling import check_cpp_compiler
 from ..errors import ConfigError
 from ..model import GPT, plain_attention
 from .config import TrainConfig
@@ -53,7 +54,7 @@ def run_settings(cfg: TrainConfig) -> Iterator[None]:
     restored however the run ends, a failed start included."""
     compiled_on_cpu = cfg.compile and resolve_device(cfg.device).type == "cpu"
     if compiled_on_cpu:
-        check_cpp_compiler()
+        check_cpp_compiler("set compile=false")
     threads = torch.get_num_threads()
     try:
         if cfg.threads:
@@ -86,20 +87,9 @@ def training_attention(model: GPT, compiled: bool, bf16: bool) -> contextlib.Abs
     weights for the backward pass, which grow with the square of the context. In fp32 the flash kernel is
     the faster one."""
     cfg = model.cfg
-    plain = (compiled and bf16 and model.lm_head.weight.device.type == "cpu"
+    plain = (compiled and bf16 and model.device.type == "cpu"
              and cfg.n_heads * cfg.context <= cfg.hidden)
     return plain_attention(model) if plain else contextlib.nullcontext()
-
-
-def check_cpp_compiler() -> None:
-    """torch.compile on a CPU writes and builds C++: without a compiler, say so now, in one line."""
-    from torch._inductor import cpp_builder
-
-    try:
-        cpp_builder.get_cpp_compiler()
-    except Exception as e:  # inductor's InvalidCxxCompiler: none of g++, c++, $CXX runs
-        raise ConfigError("compile=true on CPU needs a C++ compiler for torch.compile and none was found: "
-                          "install one (apt-get install g++, or set CXX) or set compile=false") from e
 
 
 class TrainingInterrupted(KeyboardInterrupt):

@@ -173,13 +173,13 @@ class RunDir:
 
 def resume_from(path: Path, model: GPT, opt: torch.optim.Optimizer, model_cfg: ModelConfig,
                 device: torch.device) -> dict:
-    """Put a checkpoint's weights into the model being trained (read by lumen.formats.checkpoint.load_run,
-    lumen's one weight reader) and its state into the optimizer; return the rest of the trainer state."""
+    """Put a checkpoint's weights into the model being trained (checked as every format's are, by
+    GPT.from_state) and its state into the optimizer; return the rest of the trainer state."""
     state = ckpt.load_trainer_state(path)
-    loaded, _ = ckpt.load_run(path, device)
-    if loaded.cfg != model_cfg:
+    weights = ckpt.read_run(path)
+    if weights.cfg != model_cfg:
         raise UserError(f"{path} was trained with another model config; resume with the same [model] settings")
-    model.load_state_dict(loaded.state_dict())
+    model.load_state_dict(GPT.from_state(weights.cfg, weights.state, weights.source, device).state_dict())
     try:
         opt.load_state_dict(state["optimizer"])
     except (ValueError, KeyError, RuntimeError) as e:

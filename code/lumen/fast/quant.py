@@ -14,10 +14,10 @@ and scaled once (the minimum multiplies the exact float sum of x):
 `quant.cpp` computes this with the CPU's byte dot-product instructions (built once per machine, under the
 lumen cache); `rounded_row_product` is the same formula in torch, its reference and its stand-in where it
 does not build. Many rows (a prompt, an evaluation, a lens) multiply the dequantized weights, a slab of rows
-at a time: those logits are the dequantized float32 model's (`formats.gguf.load_gguf`) to float32 rounding.
+at a time: those logits are the dequantized float32 model's (`lumen.formats.load`) to float32 rounding.
 
-    >>> model, tok = formats.gguf.load_gguf_quantized(fetch("smollm2"))   # doctest: +SKIP
-    >>> model.generate(ids, 64, temperature=0, compile=True)      # doctest: +SKIP
+    >>> loaded = load_blocks("smollm2")                          # doctest: +SKIP
+    >>> lumen.fast.generate(loaded.model, ids, 64, temperature=0, compile=True)   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .fetch import cache_dir
-from .files import atomic_path
+from ..fetch import cache_dir
+from ..files import atomic_path
+from ..formats import Loaded, build, read
 
 BLOCK = 32  # numbers per block, for both types
 SLAB = 4096  # rows dequantized at a time for a product of many rows
@@ -100,7 +100,7 @@ def _load_kernels(source: Path = SOURCE) -> bool:
 def stored(x: torch.Tensor) -> torch.Tensor:
     """x, written out to memory. A product of one row reads each input number once per output row, and
     torch.compile folds a cheap producer into the loop that reads it: the final norm before the
-    unembedding would be computed again for each of its 49,152 rows (measured: 10 ms of a 30 ms token).
+    unembedding would be computed again for each of its 49,152 rows (a third of a token's time).
     `rounded_row_product` goes through this op, which the compiler cannot look into."""
     return x.clone()
 
@@ -131,6 +131,11 @@ class Blocks(nn.Module):
     def shape(self) -> tuple[int, int]:
         out, blocks = self.scale.shape
         return out, blocks * BLOCK
+
+    @property
+    def kind(self) -> str:
+        """llama.cpp's name of the block type."""
+        return "Q8_0" if self.minimum is None else "Q4_1"
 
     def block_codes(self, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """Those rows' codes (a slice, or a tensor of row indices), one to a number: (..., in / 32, 32)."""
@@ -195,10 +200,8 @@ class QuantLinear(nn.Module):
         return torch.cat([F.linear(x, self.blocks.dequantized(slice(i, i + SLAB)).to(x.dtype))
                           for i in range(0, self.out_features, SLAB)], -1)
 
-    @property
-    def weight(self) -> torch.Tensor:
-        """The dequantized float32 weight, made on demand (for reading; it is not stored)."""
-        return self.blocks.dequantized()
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.blocks.kind} blocks of {BLOCK}"
 
 
 class QuantEmbedding(nn.Module):
@@ -211,29 +214,27 @@ class QuantEmbedding(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.blocks.dequantized(idx)
 
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.blocks.dequantized()
+    def extra_repr(self) -> str:
+        out, n = self.blocks.shape
+        return f"{out} rows of {n}, {self.blocks.kind} blocks of {BLOCK}"
 
 
 # ---------------------------------------------------------------------------------------------
-# reading blocks from a GGUF tensor
-def blocks_from_gguf(tensor) -> Blocks | None:
-    """The blocks of a Q8_0 or Q4_1 GGUF tensor, as stored (None for any other type)."""
-    from gguf import GGMLQuantizationType as Q
+def load_blocks(spec: str) -> Loaded:
+    """A GGUF model (smollm2 or a .gguf file) whose Q8_0/Q4_1 matrices stay as the file's blocks: every such
+    linear layer a QuantLinear, the embedding a QuantEmbedding (a tied unembedding reads the same blocks),
+    the rest (the norms) as lumen.formats reads them. Activations are float32.
 
-    raw = np.asarray(tensor.data, dtype=np.uint8)  # (out, bytes per row)
-    out = raw.shape[0]
-    if tensor.tensor_type == Q.Q8_0:
-        b = raw.reshape(out, -1, 2 + BLOCK)
-        scale = b[..., :2].copy().view(np.float16)[..., 0]
-        codes = b[..., 2:].copy().view(np.int8).reshape(out, -1)
-        return Blocks(torch.from_numpy(codes), torch.from_numpy(scale.astype(np.float32)), None)
-    if tensor.tensor_type == Q.Q4_1:
-        b = raw.reshape(out, -1, 4 + BLOCK // 2)
-        scale = b[..., 0:2].copy().view(np.float16)[..., 0]
-        minimum = b[..., 2:4].copy().view(np.float16)[..., 0]
-        codes = b[..., 4:].reshape(out, -1)  # packed, as stored
-        return Blocks(torch.from_numpy(codes.copy()), torch.from_numpy(scale.astype(np.float32)),
-                      torch.from_numpy(minimum.astype(np.float32)))
-    return None
+        >>> loaded = load_blocks("smollm2")                         # doctest: +SKIP
+        >>> loaded.model.blocks[0].attn.q                           # doctest: +SKIP
+        QuantLinear(576 -> 576, Q8_0 blocks of 32)
+    """
+    w = read(spec, blocks=True)
+    parts: dict[str, nn.Module] = {}
+    for name, (codes, scale, minimum) in w.blocks.items():
+        layer, blocks = name.removesuffix(".weight"), Blocks(codes, scale, minimum)
+        parts[layer] = QuantEmbedding(blocks) if layer == "tok_emb" else QuantLinear(blocks)
+    embedding = parts.get("tok_emb")
+    if w.cfg.tie_embeddings and isinstance(embedding, QuantEmbedding):
+        parts["lm_head"] = QuantLinear(embedding.blocks)  # the same blocks, read as the unembedding
+    return Loaded(build(w, parts=parts), w.tokenizer, spec)

@@ -1,7 +1,8 @@
-"""The README cannot drift from the code: its fenced commands and Python snippets are read out of README.md
-(parsed, so a new section is covered the moment it is written) and checked against the real `lumen` parser;
-the quick ones run (seconds each); the long ones (training, whole experiments, a pass over a corpus with a
-pretrained model) are marked slow and run only when asked for by name: `pytest -m slow tests/test_readme.py`.
+"""The README and the docs cannot drift from the code: their fenced commands and Python snippets are read out of
+README.md and docs/*.md (parsed, so a new section is covered the moment it is written) and checked against the
+real `lumen` parser; in the slow tier (`make test-slow`) the quick ones run (seconds each) and so do the long ones
+(training, whole experiments, a pass over a corpus with a pretrained model), in each page's order, in one folder,
+as a newcomer would type them after `make`.
 
 What "quick" means is a rule on the command, not a list of the README's lines: `count`, `experiment list`,
 `--help`/`--version`/`--print-config`, `lens` (one forward pass) and `generate` with a pretrained model (run
@@ -14,8 +15,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,19 +31,22 @@ from lumen.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
 FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"(?<!`)`((?:\.venv/bin/)?lumen [^`]+)`")
 
 
 @dataclass(frozen=True)
 class Command:
-    line: int      # where it starts in README.md
+    page: str      # README.md or docs/NAME.md
+    line: int      # where it starts in the page
     text: str      # as written, continuation lines joined
     argv: tuple    # the words after `lumen` (empty for a command that is not lumen's)
     program: str   # lumen, make, or the first word
+    stdout: str | None = None   # `> FILE`: where the command's output goes
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}: {self.text}"
+        return f"{self.page}:{self.line}: {self.text}"
 
 
 def fenced_blocks(text: str) -> list[tuple[str, int, str]]:
@@ -57,7 +66,7 @@ def lumen_argv(words: list[str]) -> tuple[str, tuple]:
     return Path(words[0]).name, ()
 
 
-def shell_commands(text: str) -> list[Command]:
+def shell_commands(text: str, page: str) -> list[Command]:
     """Every command of every bash/sh/shell block (continuation lines joined, comments dropped)."""
     out = []
     for lang, first, body in fenced_blocks(text):
@@ -72,15 +81,28 @@ def shell_commands(text: str) -> list[Command]:
                 joined = joined.rstrip()[:-1] + " " + lines[i].strip()
             i += 1
             words = shlex.split(joined.removeprefix("$ "), comments=True)
+            stdout = None
+            if ">" in words[:-1]:  # a redirection: the words before it are the command
+                stdout, words = words[words.index(">") + 1], words[: words.index(">")]
             if words:
                 program, argv = lumen_argv(words)
-                out.append(Command(first + start, " ".join(joined.split("#")[0].split()) if "#" in joined
-                                   else " ".join(joined.split()), argv, program))
+                out.append(Command(page, first + start, " ".join(joined.split("#")[0].split()) if "#" in joined
+                                   else " ".join(joined.split()), argv, program, stdout))
     return out
 
 
-def python_snippets(text: str) -> list[tuple[int, str]]:
-    return [(first, body) for lang, first, body in fenced_blocks(text) if lang in ("python", "py")]
+@dataclass(frozen=True)
+class Snippet:
+    page: str
+    line: int
+    code: str
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def python_snippets(text: str, page: str) -> list[Snippet]:
+    return [Snippet(page, first, body) for lang, first, body in fenced_blocks(text) if lang in ("python", "py")]
 
 
 def inline_lumen(text: str) -> list[tuple[int, list[str]]]:
@@ -89,14 +111,14 @@ def inline_lumen(text: str) -> list[tuple[int, list[str]]]:
     return [(prose.count("\n", 0, m.start()) + 1, m.group(1).split()) for m in INLINE.finditer(prose)]
 
 
-TEXT = README.read_text(encoding="utf-8")
-COMMANDS = shell_commands(TEXT)
+TEXTS = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in PAGES}
+COMMANDS = [c for page, text in TEXTS.items() for c in shell_commands(text, page)]
 LUMEN = [c for c in COMMANDS if c.program == "lumen"]
-SNIPPETS = python_snippets(TEXT)
+SNIPPETS = [s for page, text in TEXTS.items() for s in python_snippets(text, page)]
 
 
 def quick(argv: tuple) -> bool:
-    """A README command that finishes in seconds (see the module docstring)."""
+    """A command that finishes in seconds (see the module docstring)."""
     if {"--help", "-h", "--version", "--print-config"} & set(argv):
         return True
     if argv[:1] == ("count",) or argv[:2] == ("experiment", "list"):
@@ -112,7 +134,7 @@ QUICK_TOKENS = "8"
 
 
 def shortened(argv: tuple) -> list[str]:
-    """A quick command as run: `generate` writes QUICK_TOKENS tokens (the README's count runs in the slow set)."""
+    """A quick command as run: `generate` writes QUICK_TOKENS tokens (the page's own count runs with the long ones)."""
     argv = list(argv)
     if argv[:1] == ["generate"]:
         if "--max-new-tokens" in argv:
@@ -152,7 +174,7 @@ def parse(argv) -> argparse.Namespace:
 # --- every command parses -------------------------------------------------------------------------------
 
 def test_the_readme_has_commands_and_snippets():
-    """The parser above finds what is there (a README without commands would make every test below vacuous)."""
+    """The parser above finds what is there (pages without commands would make every test below vacuous)."""
     assert len(LUMEN) >= 10 and SNIPPETS
     assert any(c.argv[:1] == ("train",) for c in LUMEN) and any(quick(c.argv) for c in LUMEN)
 
@@ -175,15 +197,26 @@ def test_every_option_named_in_the_prose_exists():
     """`lumen X ... --opt` in the prose (not a whole command) names a real command and real options of it."""
     wrong = []
     commands = {c.argv[0] for c in LUMEN} | set(build_parser()._subparsers._group_actions[0].choices)
-    for line, words in inline_lumen(TEXT):
-        if not words[1].startswith("-") and not words[1].isupper() and words[1] not in commands:   # COMMAND: a name
-            wrong.append(f"README.md:{line}: {' '.join(words)}: no such command")
-            continue
-        p = subparser(words[1:])
-        known = {s for a in p._actions for s in a.option_strings}
-        wrong += [f"README.md:{line}: {' '.join(words)}: {w.split('=')[0]} is not an option of {p.prog}"
-                  for w in words if w.startswith("--") and w.split("=")[0].strip("[]") not in known]
+    for page, text in TEXTS.items():
+        for line, words in inline_lumen(text):
+            if not words[1].startswith("-") and not words[1].isupper() and words[1] not in commands:  # COMMAND: a name
+                wrong.append(f"{page}:{line}: {' '.join(words)}: no such command")
+                continue
+            p = subparser(words[1:])
+            known = {s for a in p._actions for s in a.option_strings}
+            wrong += [f"{page}:{line}: {' '.join(words)}: {w.split('=')[0]} is not an option of {p.prog}"
+                      for w in words if w.startswith("--") and w.split("=")[0].strip("[]") not in known]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_readme_is_a_newcomers_page():
+    """Short enough to read in ten minutes, and it points to the pages that hold the rest, each of which exists."""
+    text = TEXTS["README.md"]
+    assert len(text.splitlines()) <= 200
+    linked = set(re.findall(r"`(docs/[\w-]+\.md)`", text))
+    assert {"docs/reading-guide.md", "docs/training.md", "docs/inspecting.md", "docs/speed.md"} <= linked
+    assert all((ROOT / page).is_file() for page in linked), linked
+    assert "source .venv/bin/activate" in text   # lumen is not on PATH in a fresh shell without it
 
 
 # --- the quick ones run ---------------------------------------------------------------------------------
@@ -208,56 +241,80 @@ def test_quick_commands_run(cmd, request, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("first, code", [s for s in SNIPPETS if snippet_is_quick(s[1])],
-                         ids=[f"README.md:{f}" for f, c in SNIPPETS if snippet_is_quick(c)])
-def test_quick_python_snippets_run(first, code, request, tmp_path, monkeypatch):
-    needs_smollm2(code, request)
+@pytest.mark.parametrize("snippet", [s for s in SNIPPETS if snippet_is_quick(s.code)], ids=str)
+def test_quick_python_snippets_run(snippet, request, tmp_path, monkeypatch):
+    needs_smollm2(snippet.code, request)
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, f"README.md:{first}", "exec"), {"__name__": "readme"})
+    exec(compile(snippet.code, str(snippet), "exec"), {"__name__": "docs"})
 
 
-# --- the long ones: only when asked for (`pytest -m slow tests/test_readme.py`) ------------------------------
-
-def asked_for_slow(request) -> None:
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("a long README command (minutes): run it with `pytest -m slow tests/test_readme.py`")
-
-
-LONG_DIR = "readme-long"
-
+# --- the long ones, in each page's order, in one folder per page: the slow tier ------------------------------
 
 @pytest.fixture(scope="module")
-def long_dir(tmp_path_factory):
-    """One folder for the long commands, in README order, so `generate runs/shakespeare` finds the run that
-    `lumen train` made; the README's placeholder files are written there."""
-    root = tmp_path_factory.mktemp(LONG_DIR)
-    (root / "some.txt").write_text("It is the east, and Juliet is the sun.\n" * 20)
-    return root
+def folders(tmp_path_factory):
+    """page -> the folder its long commands run in, in the page's order (so `generate runs/small` finds the run an
+    earlier command trained); it starts as `make` leaves a checkout: `runs/shakespeare` trained."""
+    made: dict[str, Path] = {}
+
+    def folder(page: str) -> Path:
+        if page not in made:
+            made[page] = root = tmp_path_factory.mktemp(page.replace("/", "-").removesuffix(".md"))
+            (root / "some.txt").write_text("It is the east, and Juliet is the sun.\n" * 20)
+        return made[page]
+    return folder
+
+
+@pytest.fixture(scope="session")
+def made_run(tmp_path_factory) -> Path:
+    """What `make` leaves in a checkout: the default run, trained (about five minutes; only when a page needs it)."""
+    root = tmp_path_factory.mktemp("make")
+    assert main(["train", "--preset", "shakespeare", "--set", f"out_dir={root / 'runs' / 'shakespeare'}"]) == 0
+    return root / "runs" / "shakespeare"
+
+
+def serves(argv: list[str], cwd: Path) -> None:
+    """`lumen serve`: started, asked for its page once, stopped (it serves until Ctrl-C)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "code")}
+    argv = [w if w != "8765" else "0" for w in argv]   # a free port: another server may hold the README's
+    p = subprocess.Popen([sys.executable, "-m", "lumen", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert url, f"lumen serve said {line!r}; {p.stderr.read() if p.poll() is not None else ''}"
+        with urllib.request.urlopen(url.group(0), timeout=600) as page:
+            assert page.status == 200 and b"<html" in page.read(2000).lower()
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cmd", [c for c in LUMEN if not quick(c.argv) or shortened(c.argv) != list(c.argv)],
-                         ids=str)
-def test_long_commands_run(cmd, request, long_dir, monkeypatch):
-    asked_for_slow(request)
+@pytest.mark.parametrize("cmd", [c for c in LUMEN if not quick(c.argv) or shortened(c.argv) != list(c.argv)
+                                 or c.stdout], ids=str)
+def test_long_commands_run(cmd, request, folders, monkeypatch, capsys):
     if any(w.isupper() and len(w) > 2 for w in cmd.text.split()):
         pytest.skip(f"{cmd}: a template (placeholders in capitals)")
     if Path(cmd.text.split()[0]).name != "lumen":
         pytest.skip(f"{cmd}: runs lumen under another program (its lumen part is parsed above)")
     needs_smollm2(cmd.text, request)
-    monkeypatch.chdir(long_dir)
-    if "my.toml" in cmd.argv and not Path("my.toml").exists():
-        config = io.StringIO()
-        with contextlib.redirect_stdout(config):
-            main(["train", "--print-config"])   # the README's own way to start a config
-        Path("my.toml").write_text(config.getvalue())
-    assert main(list(cmd.argv)) == 0, str(cmd)
+    root = folders(cmd.page)
+    monkeypatch.chdir(root)
+    if "runs/shakespeare" in cmd.argv and not (root / "runs" / "shakespeare").exists():
+        (root / "runs").mkdir(exist_ok=True)
+        (root / "runs" / "shakespeare").symlink_to(request.getfixturevalue("made_run"))
+    if cmd.argv[0] == "serve":
+        serves(list(cmd.argv), root)
+        return
+    code = main(list(cmd.argv))
+    out = capsys.readouterr().out
+    assert code == 0, str(cmd)
+    if cmd.stdout:
+        Path(cmd.stdout).write_text(out)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("first, code", [s for s in SNIPPETS if not snippet_is_quick(s[1])],
-                         ids=[f"README.md:{f}" for f, c in SNIPPETS if not snippet_is_quick(c)])
-def test_long_python_snippets_run(first, code, request, tmp_path, monkeypatch):
-    asked_for_slow(request)
+@pytest.mark.parametrize("snippet", [s for s in SNIPPETS if not snippet_is_quick(s.code)], ids=str)
+def test_long_python_snippets_run(snippet, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, f"README.md:{first}", "exec"), {"__name__": "readme"})
+    exec(compile(snippet.code, str(snippet), "exec"), {"__name__": "docs"})

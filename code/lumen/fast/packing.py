@@ -11,6 +11,8 @@ into oneDNN's layout on every call (bfloat16) or streams it slowly (float32); a 
     >>> with packed(model):          # eager decoding: weights in oneDNN's layout only           # doctest: +SKIP
     ...     tokens = model.generate(ids, 64, temperature=0)
 
+lumen.fast.decoding does both around a decoding run, and undoes them (`plain_linears`) when it ends.
+
 Inside `packed`, each linear weight (except ones shared with another layer, like a tied unembedding,
 which the embedding needs plain) lives only in the packed layout; `state_dict()` derives the plain
 tensor from it, and on leaving the plain weights come back bit for bit. The packed product gives the
@@ -82,8 +84,8 @@ class FastLinear(nn.Linear):
 
 @torch.library.custom_op("lumen::onednn_linear", mutates_args=())
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias by oneDNN, the plain weight reordered on the fly: for a float32 prompt 10-30%
-    faster than F.linear's product here (README: Speed), the same numbers to float32 rounding. A custom
+    """x @ weight.T + bias by oneDNN, the plain weight reordered on the fly: for a float32 prompt faster
+    than F.linear's product on CPUs (docs/speed.md), the same numbers to float32 rounding. A custom
     op, so that torch.compile calls it as it is (its own lowering takes only weights frozen into the graph)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
@@ -97,7 +99,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     """x @ weight.T + bias for a single row, written as products summed along each weight row.
 
     Each output is one dot product; inductor compiles all of a decoding step's dot products into loops
-    that stream the weights at close to the memory's speed (README: Speed). Products and sums are float32
+    that stream the weights at close to the memory's speed. Products and sums are float32
     whatever the weights' dtype (a bf16 x bf16 product is exact in float32), as in the packed product;
     the order of the sum differs, so results agree to float32 rounding."""
     y = (x.float().unsqueeze(-2) * weight.float()).sum(-1)
@@ -145,9 +147,8 @@ def plain_linears(model: nn.Module) -> int:
 @contextlib.contextmanager
 def packed(model: nn.Module) -> Iterator[int]:
     """While inside, the FastLinear weights of a (CPU, inference) model live only in oneDNN's layout: faster
-    eager one-row products (README: Speed). Yields how many were packed; a
-    model that cannot pack (other device or dtype) runs as it is. Weights shared with another layer stay
-    plain. Not for training or compiling inside."""
+    eager one-row products. Yields how many were packed; a model that cannot pack (other device or dtype)
+    runs as it is. Weights shared with another layer stay plain. Not for training or compiling inside."""
     if not can_pack(model):
         yield 0
         return

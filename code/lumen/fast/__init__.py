@@ -1,0 +1,25 @@
+"""lumen's speed wing, behind one door: decoding faster than the readable path, with the same tokens.
+
+What a learner reads (config, block, attention, model, decode) is what runs when a model is loaded and
+looked inside. What makes decoding fast lives here, and runs only when asked for:
+
+    >>> from lumen import fast
+    >>> ids = fast.generate(model, idx, 64, temperature=0, compile=True)     # doctest: +SKIP
+    >>> with fast.decoding(model) as decoder:        # the model made fast for a while     # doctest: +SKIP
+    ...     for token in decoder.stream(idx, 64): ...
+    >>> loaded = fast.load_blocks("smollm2")         # decode from a GGUF's own quantized blocks  # doctest: +SKIP
+
+- decoding.py: the door: `decoding(model, compile)`, `stream`, `generate` (lumen generate, bench/ and
+  Python callers all go through it: the same speed and the same sampling defaults everywhere);
+- packing.py: FastLinear (one-row products compiled into fused loops; weights in oneDNN's packed layout for
+  eager decoding; a float32 prompt through oneDNN), swapped in and out by the door;
+- quant.py + quant.cpp: a GGUF's Q4_1/Q8_0 matrices kept as the file's blocks (QuantLinear, QuantEmbedding),
+  and the one-row kernel that multiplies them as llama.cpp does.
+
+Each is tested to agree with the plain path (tests/test_packing.py, test_quant.py, test_generate.py).
+"""
+
+from .decoding import Decoder, decoding, generate, stream
+from .quant import QuantEmbedding, QuantLinear, load_blocks
+
+__all__ = ["Decoder", "QuantEmbedding", "QuantLinear", "decoding", "generate", "load_blocks", "stream"]

@@ -1,0 +1,85 @@
+"""The speed wing's door for decoding: lumen.decode's loop, with the model made fast for a while.
+
+    >>> with decoding(model, compile=True) as decoder:        # doctest: +SKIP
+    ...     ids = decoder.generate(idx, 64, temperature=0)
+
+Inside `decoding`, and only there, the model's nn.Linear layers are FastLinear ones holding the same
+parameters (packing.py): compiled, a one-token step's products become fused loops over the weights; eager,
+the weights live in oneDNN's packed layout. Each step's thread count is measured as the tokens come
+(lumen.threads: a busy machine is the normal case). On leaving, the model is the plain model again, the
+same parameters, bit for bit. The tokens are chosen exactly as lumen.decode chooses them (the same
+`Sampling`, the model's own defaults included); only their speed differs, and the numbers to float32
+rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator, Iterator
+
+import torch
+
+from ..compiling import COMPILE_OPTIONS, check_cpp_compiler
+from ..decode import Sampling, sampling_for
+from ..decode import stream as plain_stream
+from ..model import GPT
+from ..threads import tuned
+from .packing import fast_linears, packed, plain_linears
+
+SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs of nearby lengths share one graph
+
+
+class Decoder:
+    """Decodes with one model, made fast by `decoding`. `step` runs one forward pass (compiled or not)."""
+
+    def __init__(self, model: GPT, compile: bool):
+        self.model, self.compile = model, compile
+        # shapes are static (one graph per shape): a KV cache keeps every slot and takes positions as a
+        # tensor, so a one-token step compiles once; the weights stay inputs of the graph
+        self.step = torch.compile(model, dynamic=False, options=COMPILE_OPTIONS) if compile else model
+
+    def stream(self, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,
+               generator: torch.Generator | None = None) -> Generator[torch.Tensor, None, None]:
+        """lumen.decode.stream's tokens (B,) one step at a time, through this decoder's step, with the
+        thread count tuned as they come."""
+        slots = -(-(idx.size(1) + max_new_tokens) // SLOTS) * SLOTS if self.compile else None
+        return tuned(plain_stream(self.model, idx, max_new_tokens, sampling, generator, step=self.step,
+                                  cache_slots=slots))
+
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """As lumen.decode.generate: idx followed by max_new_tokens tokens, (B, T + max_new_tokens)."""
+        sampling = sampling_for(self.model, temperature=temperature, top_k=top_k, top_p=top_p)
+        new = list(self.stream(idx, max_new_tokens, sampling, generator))
+        return torch.cat([idx] + [t[:, None] for t in new], dim=1)
+
+
+@contextlib.contextmanager
+def decoding(model: GPT, compile: bool = False) -> Iterator[Decoder]:
+    """The model made fast for decoding while inside (see the module docstring); plain again on leaving.
+    compile=True compiles the step with torch.compile (the first step compiles: about a minute on two
+    cores, cached on disk after; needs a C++ compiler on a CPU)."""
+    if compile and model.device.type == "cpu":
+        check_cpp_compiler("decode without compiling")
+    fast_linears(model)
+    try:
+        with contextlib.nullcontext() if compile else packed(model):  # eager: oneDNN's layout
+            yield Decoder(model, compile)
+    finally:
+        plain_linears(model)
+
+
+def stream(model: GPT, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,
+           generator: torch.Generator | None = None, compile: bool = False) -> Iterator[torch.Tensor]:
+    """lumen.decode.stream, fast: the tokens (B,) one step at a time (see `decoding`)."""
+    with decoding(model, compile) as decoder:
+        yield from decoder.stream(idx, max_new_tokens, sampling, generator)
+
+
+def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: float | None = None,
+             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+             compile: bool = False) -> torch.Tensor:
+    """lumen.decode.generate, fast (see `decoding`): (B, T + max_new_tokens)."""
+    with decoding(model, compile) as decoder:
+        return decoder.generate(idx, max_new_tokens, temperature, top_k, top_p, generator)

@@ -1,0 +1,1 @@
+"""What several test files share: builders of small models and files (imported as `helpers.NAME`)."""
