@@ -6,14 +6,21 @@ behind one small interface. Every tokenizer saves to and loads from one `tokeniz
     [3, 2, 4, 4, 5]
     >>> tok.decode(tok.encode("hello"))
     'hello'
+    >>> tok.str_tokens("hello")            # each token as its own text
+    ['h', 'e', 'l', 'l', 'o']
+    >>> batch = tok.pad(["hello", "lo"])   # prompts of different lengths, padded on the left
+    >>> batch.ids.shape, batch.mask[1].tolist()
+    (torch.Size([2, 5]), [False, False, False, True, True])
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer as _HF
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -55,6 +62,20 @@ class Tokenizer:
     def _from_state(cls, state: dict, path: Path | str = FILENAME) -> Tokenizer:
         raise NotImplementedError
 
+    def str_tokens(self, text: str | Iterable[int]) -> list[str]:
+        """Each token of text (or of a list of ids) as its own text: what tables and figures show."""
+        ids = self.encode(text) if isinstance(text, str) else list(text)
+        return [self.decode([int(i)]) for i in ids]
+
+    def single_token(self, text: str, what: str = "token") -> int:
+        """The id of text if it is exactly one token, else a clear error naming `what` (e.g. "--answer")."""
+        return single_token(self, text, what)
+
+    def pad(self, texts: Sequence[str], side: str = "left") -> Batch:
+        """Prompts of different lengths as one padded batch (see `Batch`); padding with the end-of-text
+        token (id 0 without one): which id it is does not matter, the mask hides it."""
+        return pad([self.encode(t) for t in texts], side, self.eos_id or 0, what="text")
+
     def save(self, directory: str | Path) -> Path:
         """Write `tokenizer.json` into directory; returns its path."""
         path = Path(directory) / FILENAME
@@ -90,6 +111,80 @@ class Tokenizer:
                 f"{source}: the tokenizer has {self.vocab_size:,} token ids but the model's vocabulary holds "
                 f"{vocab_size:,}; the tokenizer belongs to another model (use the one it was trained with)"
             )
+
+
+SIDES = ("left", "right")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Prompts of different lengths side by side: ids (B, T), each row's prompt filled up to the
+    longest with padding on one side (left: every prompt ends at the last column, the side generation
+    needs), and mask (B, T), True at the real tokens. The model reads it as ``model(batch.ids,
+    mask=batch.mask)``; lumen.inspect's tools take the Batch itself, and each prompt's results are what
+    it gets alone.
+
+        >>> b = pad([[5, 6, 7], [8]], side="right")
+        >>> b.ids.tolist(), b.last.tolist(), b.row(1)
+        ([[5, 6, 7], [8, 0, 0]], [2, 0], [8])
+    """
+
+    ids: torch.Tensor      # (B, T) token ids, padding included
+    mask: torch.Tensor     # (B, T) bool: True at a real token
+    side: str = "left"
+
+    def __len__(self) -> int:
+        return self.ids.size(0)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(B,) each prompt's number of tokens."""
+        return self.mask.sum(-1)
+
+    @property
+    def last(self) -> torch.Tensor:
+        """(B,) the column of each prompt's last token (where its next-token prediction is read)."""
+        cols = torch.arange(self.mask.size(1), device=self.mask.device)
+        return torch.where(self.mask, cols, -1).max(-1).values
+
+    def row(self, b: int) -> list[int]:
+        """Prompt b's own token ids, without its padding."""
+        return self.ids[b][self.mask[b]].tolist()
+
+    def rows(self) -> list[list[int]]:
+        return [self.row(b) for b in range(len(self))]
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.ids.to(device), self.mask.to(device), self.side)
+
+
+def pad(seqs: Sequence[Sequence[int]], side: str = "left", pad_id: int = 0, what: str = "prompt") -> Batch:
+    """Token-id lists of different lengths as one `Batch`, padded on `side` ("left" or "right") with pad_id."""
+    if side not in SIDES:
+        raise UserError(f"padding side must be left or right, got {side!r}")
+    if not seqs:
+        raise UserError(f"no {what}s to pad: give at least one")
+    empty = [i for i, s in enumerate(seqs) if len(s) == 0]
+    if empty:
+        raise UserError(f"{what} {empty[0]} of {len(seqs)} is empty (no tokens): give every prompt some text")
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T, dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        cols = slice(T - len(s), T) if side == "left" else slice(0, len(s))
+        ids[b, cols] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[b, cols] = True
+    return Batch(ids, mask, side)
+
+
+def single_token(tokenizer: Tokenizer, text: str, what: str) -> int:
+    """The id of text if it is exactly one token of this tokenizer, else a clear error."""
+    ids = tokenizer.encode(text)
+    if len(ids) != 1:
+        pieces = [tokenizer.decode([i]) for i in ids]
+        raise UserError(f"{what} {text!r} is {len(ids)} tokens {pieces}, not one: give a single token "
+                        "(often with its leading space, e.g. ' Paris')")
+    return ids[0]
 
 
 def read_json(path: Path, what: str) -> dict:
