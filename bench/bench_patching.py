@@ -3,14 +3,16 @@ full forward pass of the corrupted prompt per cell, batched) beside today's `pat
 only from their block and first changed position up, cells that change nothing not run) and attribution
 patching (one forward and one backward pass), side by side in one run.
 
-    .venv/bin/python bench/bench_patching.py [--repeats 1] [--pairs ioi,first]
+    .venv/bin/python bench/bench_patching.py [--repeats 1] [--pairs ioi,first] [--threads N]
 
 Pairs: "ioi", the TransformerLens demo's corruption (the second mention of the subject swapped, so the answer
 flips: the prompts share their first 9 tokens), and "first", a pair that differs at its second token (the
 worst case for skipping: only the first token is shared). Every map kind the old loop draws (resid_pre,
 attn_out, mlp_out, head). Reported: the wall time of each (median of --repeats), the speed-ups, the largest
 difference between the old and the new exact maps, and the correlation of attribution patching with exact
-patching, per kind. Name the machine and its load with the numbers (printed). Not a test.
+patching, per kind. Name the machine and its load with the numbers (printed). On a busy machine the thread count
+matters more than anything (one thread waits for no other at each operation's barrier: lumen.threads): both
+run at the same count, --threads N. Not a test.
 """
 
 from __future__ import annotations
@@ -135,38 +137,47 @@ def corr(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.corrcoef(torch.stack([a.flatten().double(), b.flatten().double()]))[0, 1])
 
 
+def bench_pair(model, tok, name: str, repeats: int) -> None:
+    from lumen.inspect.attribution_patching import attribution_patching
+    from lumen.inspect.patching import logit_diff, patching_maps
+
+    clean_text, corrupt_text, answer, wrong = PAIRS[name]
+    clean, corrupt = torch.tensor([tok.encode(clean_text)]), torch.tensor([tok.encode(corrupt_text)])
+    shared = int((clean[0] != corrupt[0]).int().argmax())
+    metric = logit_diff(tok.single_token(answer), tok.single_token(wrong))
+    print(f"\npair {name!r}: {clean.size(1)} tokens, the first {shared} shared; "
+          f"logit[{answer!r}] - logit[{wrong!r}]; maps {', '.join(KINDS)}")
+    t_old, old = timed(lambda: old_patching_maps(model, clean, corrupt, metric, KINDS), repeats)
+    t_new, new = timed(lambda: patching_maps(model, clean, corrupt, metric, KINDS), repeats)
+    t_att, att = timed(lambda: attribution_patching(model, clean, corrupt, metric, KINDS), repeats)
+    print(f"  exact, the old loop (a full forward per cell)   {t_old:8.2f} s")
+    print(f"  exact, patching_maps                             {t_new:8.2f} s   {t_old / t_new:6.1f}x faster")
+    print(f"  attribution patching (1 forward + 1 backward)    {t_att:8.2f} s   {t_new / t_att:6.1f}x faster than "
+          f"exact, {t_old / t_att:.0f}x than the old loop")
+    diff = max(float((new.maps[k] - old[k]).abs().max()) for k in KINDS)
+    print(f"  old and new exact maps: largest difference {diff:.1e} (fraction restored)")
+    every = corr(torch.cat([att.maps[k].flatten() for k in KINDS]), torch.cat([new.maps[k].flatten() for k in KINDS]))
+    print("  attribution patching against exact, correlation per map: "
+          + ", ".join(f"{k} {corr(att.maps[k], new.maps[k]):.3f}" for k in KINDS) + f"; all cells {every:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--pairs", default="ioi,first", help="which pairs: " + ", ".join(PAIRS))
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads for both (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from lumen.formats import load
-    from lumen.inspect.attribution_patching import attribution_patching
-    from lumen.inspect.patching import logit_diff, patching_maps
 
     loaded = load("smollm2")
     model, tok = loaded.model.eval(), loaded.tokenizer
     print(f"machine: {machine()}")
     for name in args.pairs.split(","):
-        clean_text, corrupt_text, answer, wrong = PAIRS[name]
-        clean, corrupt = torch.tensor([tok.encode(clean_text)]), torch.tensor([tok.encode(corrupt_text)])
-        shared = int((clean[0] != corrupt[0]).int().argmax())
-        metric = logit_diff(tok.single_token(answer), tok.single_token(wrong))
-        print(f"\npair {name!r}: {clean.size(1)} tokens, the first {shared} shared; "
-              f"logit[{answer!r}] - logit[{wrong!r}]; maps {', '.join(KINDS)}")
-        t_old, old = timed(lambda: old_patching_maps(model, clean, corrupt, metric, KINDS), args.repeats)
-        t_new, new = timed(lambda: patching_maps(model, clean, corrupt, metric, KINDS), args.repeats)
-        t_att, att = timed(lambda: attribution_patching(model, clean, corrupt, metric, KINDS), args.repeats)
-        print(f"  exact, the old loop (a full forward per cell)   {t_old:8.2f} s")
-        print(f"  exact, patching_maps                             {t_new:8.2f} s   {t_old / t_new:6.1f}x faster")
-        print(f"  attribution patching (1 forward + 1 backward)    {t_att:8.2f} s   {t_new / t_att:6.1f}x faster than "
-              f"exact, {t_old / t_att:.0f}x than the old loop")
-        diff = max(float((new.maps[k] - old[k]).abs().max()) for k in KINDS)
-        print(f"  old and new exact maps: largest difference {diff:.1e} (fraction restored)")
-        print("  attribution patching against exact, correlation per map: " + ", ".join(
-            f"{k} {corr(att.maps[k], new.maps[k]):.3f}" for k in KINDS)
-            + f"; all cells {corr(torch.cat([att.maps[k].flatten() for k in KINDS]), torch.cat([new.maps[k].flatten() for k in KINDS])):.3f}")
+        bench_pair(model, tok, name, args.repeats)
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

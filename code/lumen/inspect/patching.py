@@ -363,8 +363,8 @@ def _pairs(model: GPT, clean, corrupt) -> list[tuple[torch.Tensor, torch.Tensor]
         found = []
         for b, (x, y) in enumerate(zip(clean.rows(), corrupt.rows())):
             if len(x) != len(y):
-                raise UserError(f"pair {b}: the clean prompt has {len(x)} tokens, the corrupted one {len(y)}; each pair "
-                                "must tokenize to the same length (pairs may differ from each other)")
+                raise UserError(f"pair {b}: the clean prompt has {len(x)} tokens, the corrupted one {len(y)}; each "
+                                "pair must tokenize to the same length (pairs may differ from each other)")
             found.append((_as_ids(model, x), _as_ids(model, y)))
         return found
     pair = (_as_ids(model, clean), _as_ids(model, corrupt))
@@ -448,7 +448,7 @@ def _maps(model: GPT, clean: torch.Tensor, corrupt: torch.Tensor, metric: Metric
             values[kind][c] = m
     result = Patching(_texts(tokenizer, clean), _texts(tokenizer, corrupt), m_clean, m_corrupt,
                       metric_name=metric_name, layers=rows)
-    for kind, sites in cells.items():
+    for kind in cells:
         shape = (len(rows), -1, T) if kind in HEAD_KINDS and by_position else (len(rows), -1)
         result.maps[kind] = ((values[kind] - m_corrupt) / (m_clean - m_corrupt)).view(shape)
     return result
