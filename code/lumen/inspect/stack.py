@@ -110,6 +110,7 @@ class Stack:
         return u
 
 
+@torch.no_grad()
 def decompose(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: torch.Tensor | None = None,
               heads: bool = False) -> Stack:
     """The writes into the final stream as a shared-scale Stack: "embed" (or "tok_emb" and "pos_emb" with
@@ -156,6 +157,7 @@ def decompose(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: torch
     return Stack(rows, stack, readout.scale(x_final), readout, shared=True, mask=mask)
 
 
+@torch.no_grad()
 def accumulated(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: torch.Tensor | None = None,
                 mid: bool = False, lens=None) -> Stack:
     """The stream after the embedding and after every block (rows "embed", "block 0", ...: `names.stream`),
