@@ -26,9 +26,10 @@ ALLOWED = {
     "report": {"inspect", "tokenizers"},
     "train": {"tokenizers", "data", "formats", "threads"},
     "inspect": {"tokenizers", "data", "evaluate", "formats"},
+    "practice": {"tokenizers", "data", "evaluate", "formats", "fetch", "inspect"},
     "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report"},
     "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments",
-            "packing", "threads"},
+            "packing", "threads", "practice"},
     "__main__": {"cli"},
 }
 
