@@ -43,6 +43,8 @@ def where(dotted: str) -> Location:
         for attr in parts[cut:]:
             obj = getattr(obj, attr)
         file = Path(inspect.getsourcefile(module) or "")
+        if callable(obj):
+            obj = inspect.unwrap(obj)   # a decorated function (torch.no_grad) is the function it wraps
         if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.ismethod(obj):
             lines, first = inspect.getsourcelines(obj)
             return Location(dotted, Path(inspect.getsourcefile(obj) or file), first, first + len(lines) - 1)
