@@ -160,8 +160,8 @@ your own: the checks run lumen's TransformerBlock with your parts in it and comp
         Check("dropout off in eval mode", _dropout_off("TransformerBlock", TransformerBlock), hint="dropout"),
     ),
     hints={
-        "task": "forward is two lines: x = x + self.drop(self.attn(self.ln1(x), mask)); x = x + self.mlp(self.ln2(x)); "
-                "return x.",
+        "task": "Two residual updates: each branch reads a normalised copy of x and its output is added to x; "
+                "attention first, then the MLP reading the updated x.",
         "post": "That is post-LN, x = LN(x + f(x)): in pre-LN the norm moves inside the branch, x = x + f(LN(x)).",
         "stream": "Pre-LN never normalises the stream itself: keep x and add to it; only the branch's input is "
                   "normalised, x + Attn(LN1(x)).",
@@ -198,7 +198,8 @@ Parts: ln1, attn, ln2, mlp (lumen's LayerNorm, MultiHeadAttention and MLP, or yo
         Check("dropout off in eval mode", _dropout_off("PostLNBlock", PostLNBlock), hint="dropout"),
     ),
     hints={
-        "task": "forward: x = self.ln1(x + self.drop(self.attn(x, mask))); x = self.ln2(x + self.mlp(x)); return x.",
+        "task": "Each line adds the branch's output to x and then normalises the sum: x = LN1(x + Attn(x)), then x = "
+                "LN2(x + MLP(x)).",
         "pre": "That is pre-LN, x + f(LN(x)): in post-LN the branch reads x itself and the norm comes after the "
                "add, x = LN(x + f(x)).",
         "order": "Normalise the sum, LN(x + f(x)), not the branch's output: the norm sits on the highway.",
@@ -299,8 +300,8 @@ class Dropout(nn.Module):
         Check("in lumen's GPT: eval logits equal those without dropout; training ones differ", _drop_in_gpt),
     ),
     hints={
-        "task": "if not self.training or self.p == 0: return x; keep = torch.rand_like(x) >= self.p; "
-                "return x * keep / (1 - self.p).",
+        "task": "In training, draw a random mask (torch.rand_like(x) >= p keeps a unit), zero the rest and rescale "
+                "the kept ones; self.training says which mode the module is in.",
         "inference": "Dropout is switched off at inference: return x unchanged when not self.training "
                      "(model.eval() sets training = False on every module).",
         "test-scaling": "Scale at training time (survivors times 1/(1-p)), not at inference time: then eval "
@@ -412,9 +413,9 @@ def init_gpt2(model):
               _init_depth),
     ),
     hints={
-        "task": "for m in model.modules(): Linear/Embedding weights nn.init.normal_(w, 0.0, 0.02), biases zeros_; "
-                "then for name, p in model.named_parameters(): if name ends in attn.out.weight or mlp.proj.weight, "
-                "normal_(p, 0.0, 0.02 / math.sqrt(2 * model.n_layers)).",
+        "task": "Walk model.modules() for nn.Linear and nn.Embedding (N(0, 0.02^2) weights, zero biases); then find "
+                "the two stream-writing matrices per block by name (attn.out, mlp.proj) and draw them again with the "
+                "smaller std.",
         "every": "Only the two matrices that write into the stream get 1/sqrt(2N): attn.out (W_O) and mlp.proj "
                  "(W_2); W_Q, W_K, W_V and W_1 stay at 0.02.",
         "rule": "The rule is missing: after the N(0, 0.02^2) pass, draw attn.out.weight and mlp.proj.weight "

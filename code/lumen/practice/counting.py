@@ -127,8 +127,8 @@ MLP_SHARE = ...
         Check("MLP_SHARE within 1% of lumen's accounting", _count_share, gate=False),
     ),
     hints={
-        "task": "Attention: W_Q and W_O are d x d; W_K and W_V are d x (n_kv_heads d / n_heads). MLP: 2 d d_ff "
-                "(3 d d_ff gated). A GPT-2 block is 12 d^2, times 12 blocks.",
+        "task": "W_Q and W_O are d x d; W_K and W_V are d x (n_kv_heads x d_head) with d_head = d / n_heads; the MLP "
+                "has 2 (gated: 3) matrices of d x d_ff. GPT-2 small: 12 blocks of 12 d^2.",
         "gqa": "With grouped-query attention only W_Q and W_O stay d x d: W_K and W_V shrink to d x (n_kv_heads "
                "x d_head), so Llama-3-70B's attention is 2 d^2 + 2 d^2 x 8/64 = 2.25 d^2.",
         "gated": "A gated MLP (SwiGLU) has three matrices of d x d_ff, w_gate, w_up and w_down: 3 d d_ff.",
@@ -240,8 +240,9 @@ ATTENTION_CORE_SHARE = ...
         Check(f"ATTENTION_CORE_SHARE within {TRAIN_REL:.0%} of lumen's accounting", _core_share, gate=False),
     ),
     hints={
-        "task": "Per block 4 d^2 + 2 d d_ff weights; add vocab x d for the unembedding; 2 FLOPs per weight, plus "
-                "4 L d n_layers. Training: C = 6 N D.",
+        "task": "Count the weights multiplied per token: per block 4 d^2 (attention) + 2 d d_ff (MLP), plus the "
+                "unembedding's vocab x d, 2 FLOPs each; add 4 L d per block for Q K^T and A V. Training: C = 6 N D, N "
+                "non-embedding.",
         "embedding": "The embedding lookup costs no FLOPs: it reads one row of the table per token. Count the "
                      "unembedding (a real matmul) but not the lookup.",
         "unembedding": "The output projection is a matmul of d x vocab, even when it shares its weights with the "

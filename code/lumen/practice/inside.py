@@ -85,8 +85,8 @@ def logits_without_block(model, idx, k):
     checks=(Check("equal to lumen.inspect.delete_blocks for every block of two small random models, the model "
                   "left unchanged", _delete),),
     hints={
-        "task": "x = model.embed(idx); for i, block in enumerate(model.blocks): if i != k: x = block(x); "
-                "return model.lm_head(model.ln_f(x)).",
+        "task": "Run the model's parts yourself: model.embed, then every block of model.blocks but block k, then "
+                "model.ln_f and model.lm_head.",
         "zero": "Deleting a block is not zeroing the stream: the stream the block received passes on as it is; "
                 "only the block's own writes are removed.",
         "index": "Block k is model.blocks[k], counted from 0 (k = 0 is the first block): skip exactly that one.",
@@ -171,8 +171,8 @@ def logit_lens_top1(model, idx):
         Check("lumen's logit-lens top-1 on SmolLM2, three prompts", _lens_smollm2, smollm2=True),
     ),
     hints={
-        "task": "x = model.embed(idx); rows = [x]; for block in model.blocks: x = block(x); rows.append(x); then "
-                "model.lm_head(model.ln_f(torch.stack(rows)))[:, 0].argmax(-1).",
+        "task": "Collect the stream after model.embed and after every block, apply model.ln_f and model.lm_head to "
+                "each, and take the argmax over the vocabulary.",
         "final-norm": "Apply the final norm before the unembedding, lm_head(ln_f(h)): the unembedding was trained "
                       "on normalised streams (and the pre-LN stream itself is never normalised).",
         "rows": "One row per stream: the embedding's output first, then the stream after each of the n_layers "
@@ -313,9 +313,9 @@ LAYER, UNIT, TRIGGER = ..., ..., ...   # a block, a unit of its MLP, and the tok
         Check("LAYER, UNIT fire on TRIGGER in SmolLM2; their value logits are lumen's", _kv_found, smollm2=True),
     ),
     hints={
-        "task": "lumen.inspect.capture(model, idx, f'blocks.{layer}.mlp_hidden') reads the hidden units; the value "
-                "is model.blocks[layer].mlp.down.weight[:, unit]; multiply it by model.ln_f.gain (centre it first "
-                "for a LayerNorm) and apply model.lm_head.",
+        "task": "lumen.inspect.capture reads any named activation (the hidden units are 'blocks.<layer>.mlp_hidden'); "
+                "the value is the unit's column of W2, model.blocks[layer].mlp.down.weight[:, unit], read as the "
+                "model reads the stream: through model.ln_f's gain, then model.lm_head.",
         "pre": "The hidden activation is after the nonlinearity: GELU(x W1), the input of W2, not x W1.",
         "gain": "The model reads the stream through its final norm: multiply the value by the norm's gain "
                 "(model.ln_f.gain) before the unembedding.",

@@ -98,8 +98,8 @@ def reachable_range(values):
         Check("the range is tight: attention can reach both ends", _mix_tight),
     ),
     hints={
-        "task": "The weights can put everything on a single token, and a mix never leaves the values' hull: "
-                "low = values.min(0).values, high = values.max(0).values.",
+        "task": "Attention may put all its weight on a single token, and a mix of values never leaves their per- "
+                "coordinate range: the answer is a reduction over the tokens, one bound per coordinate.",
         "axis": "One bound per coordinate: reduce over the tokens (axis 0 of (T, d)), not over the d coordinates.",
         "extremes": "The mean is one output among many: weights may put everything on the token with the smallest "
                     "(or largest) value of a coordinate.",
@@ -197,8 +197,9 @@ class MLP(nn.Module):
         Check("dropout on the output in training, and off in eval mode", _mlp_dropout, hint="dropout"),
     ),
     hints={
-        "task": "forward is one line: return self.drop(self.proj(F.gelu(self.fc(x)))), with self.fc = "
-                "nn.Linear(d_model, d_ff), self.proj = nn.Linear(d_ff, d_model), self.drop = nn.Dropout(dropout).",
+        "task": "Two affine maps with exact GELU between them: fc expands d_model to d_ff (4 d_model by default), "
+                "proj brings it back, dropout on the output (nn.Linear, F.gelu and nn.Dropout are the chapter's "
+                "parts).",
         "d_ff": "d_ff = d_ff or 4 * d_model: the chapter's expansion by four when no width is given.",
         "relu": "The chapter's MLP uses GELU, not ReLU: F.gelu(u), which keeps a little of the negative answers.",
         "tanh": "The exercise asks for exact GELU, x Phi(x): F.gelu(u) without approximate='tanh' "
@@ -299,8 +300,8 @@ STREAM_AFTER = [..., ...]   # mlp_update(x, W1, W2) for the chapter's x, to thre
         Check("STREAM_AFTER is the stream after the MLP for x = [1, -1], to 0.0005", _worked_number, gate=False),
     ),
     hints={
-        "task": "return x + F.gelu(x @ W1) @ W2; then STREAM_AFTER = mlp_update(x, W1, W2).tolist(), rounded "
-                "to three decimals.",
+        "task": "The stream after the MLP is x plus the MLP's write: expand with x @ W1, apply exact GELU, project "
+                "back with @ W2. STREAM_AFTER is your function's value for the chapter's x, to three decimals.",
         "shapes": "W1 is (d, hidden) and multiplies from the right: x @ W1 (each hidden unit is x dotted with a "
                   "column of W1), then @ W2.",
         "residual": "The MLP writes into the stream by addition: the stream after it is x + write, not the write.",
@@ -374,8 +375,8 @@ def gelu(x):
         Check("the minimum: about -0.17 at x = -0.75", _gelu_minimum),
     ),
     hints={
-        "task": "return x * 0.5 * (1 + torch.erf(x / math.sqrt(2))): x times the probability that a standard "
-                "normal is below x.",
+        "task": "Phi is the standard normal cumulative distribution function, and torch.erf gives it: Phi(x) = (1 + "
+                "erf(x / sqrt(2))) / 2.",
         "relu": "ReLU, max(0, x), is what GELU smooths: GELU dips below zero for negative x (GELU(-1) = -0.16).",
         "tanh": "That is the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), close to "
                 "GELU but not it: the exercise asks for x Phi(x) with the error function.",
@@ -476,7 +477,8 @@ class SwiGLU(nn.Module):
         Check("3 d d_ff parameters, lumen's accounting (8 d^2 at d_ff = 8/3 d)", _swiglu_count),
     ),
     hints={
-        "task": "Three nn.Linear(..., bias=False); forward: return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x)).",
+        "task": "Three bias-free linear maps; SiLU (F.silu) goes on the gate's output, which multiplies the up branch "
+                "element by element before w_down.",
         "bias": "SwiGLU's three matrices have no biases: nn.Linear(d_model, d_ff, bias=False).",
         "gate": "The SiLU goes on w_gate's output; w_up's passes linearly and is multiplied by the gate.",
         "silu": "The gate is SiLU, F.silu(u) = u * sigmoid(u): that is the 'Swi' (Swish) of SwiGLU; GELU there "

@@ -148,8 +148,8 @@ class LayerNorm(nn.Module):
         Check("eps where the formula puts it, on inputs whose variance is about eps", _ln_eps, hint="eps"),
     ),
     hints={
-        "task": "Three lines in forward: mu = x.mean(-1, keepdim=True); var = x.var(-1, keepdim=True, "
-                "unbiased=False); return (x - mu) / torch.sqrt(var + self.eps) * self.g + self.b.",
+        "task": "Per token: subtract the mean over the last axis, divide by the square root of the variance (dividing "
+                "by d) plus eps, then scale by g and shift by b.",
         "interface": "Use the chapter's names: self.g = nn.Parameter(torch.ones(d)) and "
                      "self.b = nn.Parameter(torch.zeros(d)) (not weight/bias or gamma/beta), and keep eps.",
         "keepdim": "Reduce with keepdim=True (x.mean(-1, keepdim=True)): the statistics keep a length-1 last axis, "
@@ -258,7 +258,8 @@ class RMSNorm(nn.Module):
         Check("eps inside the square root, on inputs whose mean square is about eps", _rms_eps, hint="eps"),
     ),
     hints={
-        "task": "rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps); return x / rms * self.g.",
+        "task": "Divide x by the square root of its mean square over the last axis plus eps, then scale by g: no "
+                "mean, no bias.",
         "keepdim": "Reduce with keepdim=True so the root mean square broadcasts back against x of shape (..., d).",
         "batch": "The mean square is over the last axis only (-1): each token is scaled on its own, never by "
                  "the other sequences in the batch.",
