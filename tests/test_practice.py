@@ -95,8 +95,9 @@ BAD_FILES = {
     "import": ("import torch\nraise RuntimeError('half written')\n",
                r"layernorm\.py:2: importing it raised RuntimeError: half written"),
     "missing": ("import torch\n", r"defines no LayerNorm; the exercise asks for class LayerNorm\(nn\.Module\)"),
-    "signature": ("import torch.nn as nn\nclass LayerNorm(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-                  "    def forward(self, x):\n        return x\n", r"LayerNorm\(\.\.\.\)\(\) cannot be called"),
+    "signature": ("import torch.nn as nn\nclass LayerNorm(nn.Module):\n    def __init__(self):\n"
+                  "        super().__init__()\n    def forward(self, x):\n        return x\n",
+                  r"LayerNorm\(\) cannot be called as the exercise calls it \(too many positional arguments\)"),
     "forward": ("import torch.nn as nn\nclass LayerNorm(nn.Module):\n    def __init__(self, d, eps=1e-5):\n"
                 "        super().__init__()\n    def forward(self):\n        return 0\n",
                 r"LayerNorm\.forward\(self\) cannot be called"),

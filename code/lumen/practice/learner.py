@@ -63,7 +63,7 @@ def _check_spec(path: Path, module: ModuleType, s: Spec, exercise: Exercise) -> 
         if not inspect.isclass(obj) or (s.module and not issubclass(obj, nn.Module)):
             raise PracticeError(f"{path}: {s.name} is not a class{' (an nn.Module)' if s.module else ''}; "
                                 f"the exercise asks for {s.shown}")
-        _bindable(path, s, obj, s.args, s.kwargs, f"{s.name}(...)")
+        _bindable(path, s, obj, s.args, s.kwargs, s.name)
         cls: Any = obj
         if s.forward_args:
             _bindable(path, s, cls.forward, ("self", *s.forward_args), {}, f"{s.name}.forward")
