@@ -7,6 +7,8 @@ mistake with a targeted hint. `lumen practice list|start|check|hint|solution` is
     >>> from lumen import practice
     >>> [e.name for e in practice.EXERCISES.values()][:3]
     ['mixing', 'mlp', 'worked-mlp']
+    >>> practice.exercise("layernorm").section
+    'LayerNorm: keeping the stream well-behaved'
     >>> report = practice.check_file("layernorm", "layernorm.py")     # doctest: +SKIP
     >>> report.passed, [o.hint for o in report.failed]                # doctest: +SKIP
     (False, ['unbiased'])

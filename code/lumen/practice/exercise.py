@@ -4,11 +4,8 @@ An exercise names what the learner's file must define (`Spec`), holds its checks
 "task" (the nudge: what to write) first, then one hint per mistake people make. A check passes by returning;
 it fails by raising `Mistake(seen, hint)`: what it saw, and the key of the hint that answers it. A check
 that fails stops the checks after it (they are reported as skipped) unless it is marked `gate=False`
-(independent questions, e.g. several numbers asked in one exercise).
-
-    >>> report = run(EXERCISE, module)                # doctest: +SKIP
-    >>> report.passed, [o.hint for o in report.failed]    # doctest: +SKIP
-    (False, ['unbiased'])
+(independent questions, e.g. several numbers asked in one exercise). `run(exercise, learner_module)` gives a
+`Report`: its outcomes in order, `passed`, and the `failed` ones with the hint each names.
 """
 
 from __future__ import annotations
