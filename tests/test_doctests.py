@@ -24,6 +24,8 @@ RUNNABLE = [
     "lumen.inspect.cache",
     "lumen.inspect.heads",
     "lumen.model",
+    "lumen.practice",
+    "lumen.practice.solution",
     "lumen.tokenizers",
     "lumen.train",
     "lumen.train.config",
