@@ -308,6 +308,9 @@ def test_long_commands_run(cmd, request, folders, monkeypatch, capsys):
         return
     code = main(list(cmd.argv))
     out = capsys.readouterr().out
+    if cmd.argv[:2] == ("practice", "check"):  # a fresh starter file fails its checks (exit 1): not an error (2)
+        assert code in (0, 1) and "FAILED" in out or code == 0, f"{cmd}\n{out}"
+        return
     assert code == 0, str(cmd)
     if cmd.stdout:
         Path(cmd.stdout).write_text(out)

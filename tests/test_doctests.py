@@ -26,6 +26,8 @@ RUNNABLE = [
     "lumen.inspect.heads",
     "lumen.model",
     "lumen.names",
+    "lumen.practice",
+    "lumen.practice.solution",
     "lumen.tokenizers",
     "lumen.train",
     "lumen.train.config",

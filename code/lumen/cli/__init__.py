@@ -32,6 +32,7 @@ COMMANDS = {
     "patch": "patch",
     "explore": "explore",
     "serve": "serve",
+    "practice": "practice",
 }
 
 
