@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -215,7 +216,8 @@ def test_a_rank_that_dies_takes_the_others_down_in_one_line(tmp_path):
     assert agent.returncode != 0
     said = [line for line in stderr.splitlines() if line.startswith("lumen train: error:")]
     assert len(said) == 1, stderr[-3000:]
-    assert "another process of this run stopped" in said[0] and "rank 0 stopped too" in said[0]
+    # rank 0 heard it first from gloo (its peer's socket closed) or from torchrun (SIGTERM to the survivors)
+    assert re.search(r"another process of this run ended .*rank 0", said[0]), said
     assert str(ckpt.latest_checkpoint(out)) in said[0] and "--resume" in said[0]
     assert "lumen/train" not in stderr  # no traceback through lumen's code
     assert ranks[0] not in workers(agent.pid) and not Path(f"/proc/{ranks[0]}/cmdline").exists()

@@ -143,12 +143,12 @@ def stop_together(d: Dist, kept: Callable[[], str]) -> Iterator[None]:
         yield
         return
 
-    def lost(why: str) -> PeerLost:
-        return PeerLost(f"another process of this run stopped ({why}), so rank {d.rank} stopped too; {kept()}",
-                        first_to_say(d))
+    def lost(what: str) -> PeerLost:
+        return PeerLost(f"{what}; {kept()}", first_to_say(d))
 
     def terminated(signum, frame):
-        raise lost("torchrun stopped the rest after one ended; its report names which")
+        raise lost(f"torchrun stopped rank {d.rank} (another process of this run ended, or torchrun itself was "
+                   f"stopped: its report below says which)")
 
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, terminated) if main_thread else None
@@ -159,7 +159,8 @@ def stop_together(d: Dist, kept: Callable[[], str]) -> Iterator[None]:
     except (Exception, CheckpointException) as e:  # (torch's CheckpointException is a BaseException)
         if lost_peer(e):
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise lost(reason.split("] ", 1)[-1].split(". ")[0][:120]) from None
+            reason = reason.split("] ", 1)[-1].split(". ")[0][:120]  # gloo's: after its source file and line
+            raise lost(f"another process of this run ended ({reason}), so rank {d.rank} stopped too") from None
         raise
     finally:
         if main_thread:

@@ -127,7 +127,7 @@ class Trainer:
         self.writes = cfg.save and d.main
         self.talks = cfg.progress and d.main
         self.history: list[dict] = []
-        self.saved: tuple[int, Path] | None = None  # the step this session last saved, and where
+        self.saved: tuple[int, Path | None] | None = None  # the step this session last saved, and where
 
     def run(self, resume: bool) -> TrainResult:
         cfg = self.cfg
@@ -284,16 +284,16 @@ class Trainer:
 
     def save(self, val: float | None, improved: bool) -> Path | None:
         state = self.trainer_state()  # every rank takes part in gathering the RNG states
-        if not (self.writes or (self.sharded and self.cfg.save)):  # sharded: every rank writes its shards
-            return None
-        meta = {"step": self.step, "val_loss": val, "tokens": self.tokens, "config": self.cfg.to_dict()}
-        assert self.run_dir is not None  # saving implies cfg.save
-        path = self.run_dir.save(self.step, self.raw, self.tokenizer, meta, state, val, improved, self.cfg.keep_last,
-                                 optimizer=self.opt if self.sharded else None, main=self.dist.main)
+        path = None
+        if self.writes or (self.sharded and self.cfg.save):  # sharded: every rank writes its shards
+            meta = {"step": self.step, "val_loss": val, "tokens": self.tokens, "config": self.cfg.to_dict()}
+            assert self.run_dir is not None  # saving implies cfg.save
+            path = self.run_dir.save(self.step, self.raw, self.tokenizer, meta, state, val, improved,
+                                     self.cfg.keep_last, optimizer=self.opt if self.sharded else None,
+                                     main=self.dist.main)
+            if self.writes:
+                self.run_dir.plot(self.history, title=f"{self.run_dir.path.name}: {self.model_cfg.name}")
         self.saved = (self.step, path)
-        if not self.writes:
-            return path
-        self.run_dir.plot(self.history, title=f"{self.run_dir.path.name}: {self.model_cfg.name}")
         return path
 
     def checkpoint_now(self) -> Path | None:
