@@ -28,6 +28,8 @@ from lumen.formats import load
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parent.parent
+
 SETS = ["progress=false", "sample_tokens=0", "threads=1", "dtype=float32"]
 SHORT = ["steps=8", "eval_interval=4", "grad_accum=2", "keep_last=4"]
 
@@ -262,3 +264,22 @@ def test_a_whole_weights_checkpoint_does_not_resume_sharded(runs, tmp_path):
     assert done.returncode != 0
     said = [line for line in done.stderr.splitlines() if line.startswith("lumen train: error:")]
     assert len(said) == 1 and 'resume it with parallel = "ddp"' in said[0], done.stderr[-3000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: the check would run")
+def test_the_gpu_check_skips_in_one_line_without_cuda():
+    done = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.count("\n") == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("gpu_check: skipped: no CUDA device here") and not done.stderr
+
+
+def test_the_gpu_check_rehearses_on_the_cpu():
+    """Its code, run on the CPU with small shapes (all but the compiled GPT-2 step, the slowest): what it will
+    run on a GPU is not left to rot between the times one is lent."""
+    done = subprocess.run(["bash", "bench/gpu_check.sh", "--device", "cpu", "--only",
+                           "parity,fsdp,decode,inspect,blocks"], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=900)
+    lines = [x for x in done.stdout.splitlines() if x.startswith(("PASS", "FAIL"))]
+    assert done.returncode == 0 and len(lines) == 6 + 2 + 3 and all(x.startswith("PASS") for x in lines), \
+        done.stdout + done.stderr[-3000:]
