@@ -109,6 +109,18 @@ def test_an_index_that_does_not_fit_the_config_is_refused_before_anything_is_all
         ckpt.read_sharded_state(path)
 
 
+def test_an_index_whose_pieces_leave_a_hole_is_refused(sharded):
+    path, _, _ = sharded
+    index = pickle.loads((path / ckpt.SHARD_INDEX).read_bytes())  # our own file, just written
+    emb = index.state_dict_metadata["model.tok_emb.weight"]
+    half = emb.chunks[0].sizes[0] // 2  # the piece says it covers only half the rows
+    emb.chunks[0] = type(emb.chunks[0])(offsets=emb.chunks[0].offsets,
+                                        sizes=torch.Size([half, *emb.chunks[0].sizes[1:]]))
+    (path / ckpt.SHARD_INDEX).write_bytes(pickle.dumps(index))
+    with pytest.raises(CheckpointError, match="the pieces of tok_emb.weight do not make up the whole tensor"):
+        ckpt.read_sharded_state(path)
+
+
 def test_a_damaged_shard_is_one_clear_error(sharded):
     path, _, _ = sharded
     (shard,) = (path / ckpt.SHARDS).glob("*.distcp")

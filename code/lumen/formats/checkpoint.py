@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import pickle
 import re
 import warnings
@@ -387,6 +388,9 @@ def read_sharded_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
                                   f"shards and the config belong to different models")
         if not md.properties.dtype.is_floating_point:
             raise CheckpointError(f"{folder}: {name} has dtype {md.properties.dtype}; weights must be floating point")
+        if sum(math.prod(c.sizes) for c in md.chunks) != want.numel():  # the ranks' pieces tile the whole tensor
+            raise CheckpointError(f"{folder}: the pieces of {name} do not make up the whole tensor; the index is "
+                                  f"damaged")
         state[name] = torch.empty(md.size, dtype=md.properties.dtype)
     try:
         with _alone_is_fine():
@@ -429,8 +433,9 @@ class _ShardReader(dcp.FileSystemReader):
             md = _IndexUnpickler(io.BytesIO(path.read_bytes())).load()
         except FileNotFoundError:
             raise MissingFileError(f"{path} is missing: the checkpoint was not completely written") from None
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as e:
-            raise CheckpointError(f"{path} is damaged or not a checkpoint index lumen reads ({e})") from None
+        except Exception as e:  # noqa: BLE001 - a damaged pickle fails anywhere in the unpickler (as trainer.pt does)
+            reason = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            raise CheckpointError(f"{path} is damaged or not a checkpoint index lumen reads ({reason})") from None
         if not isinstance(md, dcp_metadata.Metadata) or not all(
                 isinstance(info, _StorageInfo) and "/" not in info.relative_path and info.relative_path != ".."
                 for info in (md.storage_data or {}).values()):
