@@ -36,6 +36,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+# how processes started by torchrun share a run: DistributedDataParallel or fully sharded (FSDP2)
+PARALLEL = ("ddp", "fsdp")
+
+
 @dataclass
 class TrainConfig:
     """One training run. Every field is a TOML key; `model` settings live in the [model] table."""
@@ -62,6 +66,7 @@ class TrainConfig:
     dtype: str = "auto"  # auto (bf16 where supported) | float32 | bfloat16
     compile: bool = False  # torch.compile the model
     threads: int = 0  # torch CPU threads; 0 = chosen as the run goes (lumen.threads), N pins N
+    parallel: str = "ddp"  # under torchrun: ddp (a whole copy per process) | fsdp (sharded: lumen.train.distributed)
     seed: int = 1337
     # watching and keeping
     out_dir: str = "runs/run"
@@ -106,6 +111,9 @@ class TrainConfig:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"dtype must be auto, float32 or bfloat16; got {self.dtype!r}")
+        if self.parallel not in PARALLEL:
+            raise ConfigError(f"parallel must be {' or '.join(PARALLEL)}, got {self.parallel!r} (ddp: every process "
+                              f"holds the whole model; fsdp: each holds a shard of it)")
         corpus = [self.corpus] if isinstance(self.corpus, str) else self.corpus
         if not corpus or any(not c.strip() for c in corpus):
             raise ConfigError(f"corpus {self.corpus!r} names nothing: give \"shakespeare\" or text files, "

@@ -5,7 +5,8 @@ resume from the newest intact one) and the records (metrics.jsonl, loss.png, sum
       config.toml         the full config the run was started with
       tokenizer.json
       metrics.jsonl       one JSON record a line: {"step", "loss", "lr", ...} and {"step", "val_loss", ...}
-      checkpoints/step-000500/   see lumen.formats.checkpoint (each with a manifest of checksums)
+      checkpoints/step-000500/   see lumen.formats.checkpoint (each with a manifest of checksums; a
+                                 parallel = "fsdp" run's hold its ranks' shards)
       best.json           {"checkpoint": "step-000500", "val_loss": ...}
       loss.png, summary.json
 
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from ..config import ModelConfig
 from ..errors import CheckpointError, ConfigError, TrainingError, UserError
@@ -114,14 +116,19 @@ class RunDir:
             f.write(json.dumps(rec) + "\n")
 
     def save(self, step: int, model, tokenizer: Tokenizer, meta: dict, state: dict, val: float | None,
-             improved: bool, keep_last: int) -> Path:
+             improved: bool, keep_last: int, optimizer: torch.optim.Optimizer | None = None,
+             main: bool = True) -> Path:
         """Write checkpoint step-N (and best.json if it improved), then drop all but the newest `keep_last`
-        and the best among those up to this step."""
+        and the best among those up to this step. optimizer: a sharded checkpoint, which every rank writes
+        (each its shards of the weights and the optimizer's state; `main`, rank 0, the rest and the records)."""
         name = f"{ckpt.PREFIX}{step:06d}"
         path = self.path / ckpt.CHECKPOINTS / name
         try:
-            ckpt.save_checkpoint(path, model, tokenizer, meta, state)
-            if improved:
+            if optimizer is not None:
+                ckpt.save_sharded_checkpoint(path, model, optimizer, tokenizer, meta, state)
+            else:
+                ckpt.save_checkpoint(path, model, tokenizer, meta, state)
+            if improved and main:
                 write_text(self.path / ckpt.BEST, json.dumps({"checkpoint": name, "val_loss": val}))
         except OSError as e:
             kept = [p.name for p in ckpt.checkpoints(self.path)]
@@ -129,6 +136,8 @@ class RunDir:
                 f"could not save checkpoint {name} ({e.strerror or e}); the previous checkpoints are intact "
                 f"({', '.join(kept) or 'none yet'}); free space in {self.path} and rerun with --resume"
             ) from e
+        if not main:
+            return path
         best = ckpt.best_checkpoint(self.path)
         upto = [p for p in ckpt.checkpoints(self.path) if ckpt.step_key(p) <= step]
         for old in upto[: -keep_last or None]:
@@ -173,9 +182,18 @@ class RunDir:
 
 def resume_from(path: Path, model: GPT, opt: torch.optim.Optimizer, model_cfg: ModelConfig,
                 device: torch.device) -> dict:
-    """Put a checkpoint's weights into the model being trained (checked as every format's are, by
-    GPT.from_state) and its state into the optimizer; return the rest of the trainer state."""
+    """Put a checkpoint's weights into the model being trained and its state into the optimizer; return the
+    rest of the trainer state. A whole-weights checkpoint is read as every format is (checked by
+    GPT.from_state); a sharded one by load_sharded, at any number of processes (every rank calls this)."""
     state = ckpt.load_trainer_state(path)
+    if ckpt.is_sharded(path):
+        if ModelConfig.load(path / ckpt.CONFIG) != model_cfg:
+            raise UserError(f"{path} was trained with another model config; resume with the same [model] settings")
+        ckpt.load_sharded(path, model, opt, state["optimizer"].get("param_groups", []))
+        return state
+    if isinstance(model, FSDPModule):
+        raise UserError(f"{path} holds whole weights (a parallel = \"ddp\" run); resume it with parallel = \"ddp\" "
+                        f"(a sharded checkpoint resumes either way)")
     weights = ckpt.read_run(path)
     if weights.cfg != model_cfg:
         raise UserError(f"{path} was trained with another model config; resume with the same [model] settings")
