@@ -18,6 +18,7 @@ from tokenizers import Tokenizer as _HF
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from .errors import MissingFileError, ModelFileError, UserError
+from .files import read_json
 
 FILENAME = "tokenizer.json"
 SETTINGS = "tokenizer_config.json"  # beside a Hugging Face tokenizer.json: eos token, chat template
@@ -90,19 +91,6 @@ class Tokenizer:
                 f"{source}: the tokenizer has {self.vocab_size:,} token ids but the model's vocabulary holds "
                 f"{vocab_size:,}; the tokenizer belongs to another model (use the one it was trained with)"
             )
-
-
-def read_json(path: Path, what: str) -> dict:
-    """A JSON object from a file; a file that is not UTF-8, not JSON or not an object is a ModelFileError."""
-    try:
-        d = json.loads(path.read_bytes().decode("utf-8"))
-    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError
-        raise ModelFileError(
-            f"{path} is not a readable {what} file ({e}); it is damaged: save or fetch it again"
-        ) from None
-    if not isinstance(d, dict):
-        raise ModelFileError(f"{path} holds a JSON {type(d).__name__}, not a {what} object; save or fetch it again")
-    return d
 
 
 class CharTokenizer(Tokenizer):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import secrets
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..files import read_json
 from ..model import check_sampling, check_tokens
 from ..packing import packed
 from ..threads import tuned
@@ -108,10 +108,7 @@ def sampling_settings(args: argparse.Namespace) -> tuple[dict, str]:
 
 def read_generation_config(path: Path) -> dict:
     """The sampling defaults a Hugging Face generation_config.json carries (do_sample false: greedy)."""
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path} is not readable JSON ({e}); fix or remove it") from None
+    config = read_json(path, "generation config", UserError, "fix or remove it")
     found = {k: config[k] for k in ("temperature", "top_p", "top_k") if config.get(k) is not None}
     if found.get("top_k") == 0:  # Hugging Face's "no top-k"
         found["top_k"] = None

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from ..errors import MissingFileError, UserError
+from ..files import read_json
 from ..model import GPT
-from ..tokenizers import Tokenizer, read_json
+from ..tokenizers import Tokenizer
 
 # named models -> the lumen.fetch artifact holding their GGUF file
 MODELS = {"smollm2": "smollm2"}

@@ -28,8 +28,8 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import ConfigError, FetchError, MissingFileError, ModelFileError, UserError
+from ..files import read_json
 from ..model import GPT
-from ..tokenizers import read_json
 from .weights import read_safetensors
 
 if TYPE_CHECKING:

@@ -28,6 +28,7 @@ from pathlib import Path
 from ..config import ModelConfig
 from ..data import TokenData, prepare
 from ..errors import ConfigError, LumenError, MissingFileError
+from ..files import read_toml
 from ..tokenizers import Tokenizer
 
 if sys.version_info >= (3, 11):
@@ -282,14 +283,7 @@ def load_config(
         p = Path(path)
         if not p.is_file():
             raise MissingFileError(f"no config file {p} (give a TOML file or --preset {'|'.join(PRESETS)})")
-        try:
-            raw = tomllib.loads(p.read_bytes().decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{p}: not valid TOML ({e})") from None
-        except OSError as e:
-            raise ConfigError(f"{p}: cannot be read ({e.strerror or e})") from None
+        raw = read_toml(p, "training config")
         where = str(p)
     else:
         raw, where = {}, "config"

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ..errors import CheckpointError, ConfigError, TrainingError, UserError
-from ..files import atomic_dir, write_text
+from ..errors import CheckpointError, ConfigError, LumenError, TrainingError, UserError
+from ..files import atomic_dir, read_json, write_text
 from ..formats import checkpoint as ckpt
 from ..model import GPT
 from ..tokenizers import Tokenizer
@@ -142,10 +142,9 @@ class RunDir:
     def summary(self) -> dict | None:
         """What summary.json records (None if missing or unreadable)."""
         try:
-            s = json.loads((self.path / SUMMARY).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return read_json(self.path / SUMMARY, "run summary", TrainingError)
+        except LumenError:
             return None
-        return s if isinstance(s, dict) else None
 
     def recorded_result(self, history: list[dict], best: float, chars_per_token: float) -> TrainResult:
         """The result of a finished run as summary.json records it; if the run was stopped before writing
