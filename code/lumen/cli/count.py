@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     if args.context is not None and args.context < 1:
         raise UserError(f"--context must be at least 1, got {args.context}")
     cfg = resolve_config(args.model)
+    if args.context is not None and args.context > cfg.context:
+        raise UserError(f"--context {args.context:,} exceeds {cfg.name}'s context of {cfg.context:,} (the longest "
+                        "sequence its positions support)")
     r = report(cfg, args.context)
     if args.json:
         print(json.dumps(r, indent=2))

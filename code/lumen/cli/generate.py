@@ -28,6 +28,7 @@ from .models import DTYPES, add_model_argument, checkpoint_note, load_model
 DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": None}
 GENERATION_CONFIG = "generation_config.json"  # a Hugging Face directory's sampling defaults
 MAX_SEED = 2**63 - 1
+MAX_NEW_TOKENS = 2**20  # the most tokens one `lumen generate` writes (see run)
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -57,8 +58,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS:,} (the most one run writes: hours "
+                        f"of decoding on a CPU; continue from its output for more), got {args.max_new_tokens:,}")
     settings, source = sampling_settings(args)
     seed = parse_seed(args.seed) if args.seed is not None else secrets.randbelow(10**6)
     loaded = load_model(args.model, args.dtype, args.weights)
@@ -145,24 +147,35 @@ def describe(settings: dict, source: str, seed: int) -> str:
             "--greedy takes the most likely token")
 
 
-def stream_text(steps, tok, out) -> list[int]:
-    """Print each new piece of text as its tokens arrive; stop at the end-of-sequence token.
+def stream_text(steps, tok, out) -> int:
+    """Print each new piece of text as its tokens arrive; stop at the end-of-sequence token; return how many
+    tokens were printed.
 
-    A character may span several byte-level tokens, so text is decoded from all new ids and only
-    the part past what was printed (and not ending in a half character) is written."""
-    new: list[int] = []
-    shown = ""
+    A character may span several byte-level tokens, and a decoder may treat a token at the start of the text
+    differently (a leading space dropped), so the tokens not yet printed are decoded after the last few printed
+    ones, and only what they add (not ending in a half character) is written. Memory and time per token stay
+    the same however long the output: nothing but that short tail is kept."""
+    tail: list[int] = []      # the last tokens printed: context for decoding the next ones
+    pending: list[int] = []   # tokens not yet printed
+    n = 0
     for nxt in steps:
         token = int(nxt[0])
         if token == tok.eos_id:
             break
-        new.append(token)
-        text = tok.decode(new)
-        if not text.endswith("\ufffd") and text.startswith(shown):
-            out.write(text[len(shown):])
+        pending.append(token)
+        n += 1
+        before = tok.decode(tail)
+        text = tok.decode(tail + pending)
+        if (not text.endswith("\ufffd") and text.startswith(before)) or len(pending) >= HELD_TOKENS:
+            out.write(text[len(before):] if text.startswith(before) else tok.decode(pending))
             out.flush()
-            shown = text
-    text = tok.decode(new)
-    out.write(text[len(shown):] + "\n")
+            tail, pending = (tail + pending)[-TAIL_TOKENS:], []
+    before = tok.decode(tail)
+    text = tok.decode(tail + pending)
+    out.write((text[len(before):] if text.startswith(before) else tok.decode(pending)) + "\n")
     out.flush()
-    return new
+    return n
+
+
+TAIL_TOKENS = 8    # printed tokens kept as context for decoding the next
+HELD_TOKENS = 64   # tokens held back (a character still incomplete) before they are printed anyway
