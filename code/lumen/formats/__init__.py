@@ -132,13 +132,9 @@ def _is_hf_dir(path: Path) -> bool:
 
 
 def chat_prompt(tok: Tokenizer, user_text: str) -> str:
-    """The model's chat template (Jinja, sandboxed) applied to one user message, ready for the reply."""
-    template = getattr(tok, "chat_template", None)
-    if not template:
+    """The model's chat template (Jinja, sandboxed and bounded: tokenizers.ChatTemplate) applied to one user
+    message, ready for the reply."""
+    template = getattr(tok, "chat", None)
+    if template is None:
         raise UserError("this model's tokenizer has no chat template (drop --chat and give a plain prompt)")
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    return env.from_string(template).render(
-        messages=[{"role": "user", "content": user_text}], add_generation_prompt=True
-    )
+    return template.render(user_text)
