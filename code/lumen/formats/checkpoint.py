@@ -33,7 +33,7 @@ from ..files import atomic_dir, read_json, recover_dir
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
 from ..tokenizers import Tokenizer
-from .weights import read_safetensors
+from .weights import check_one_unembedding, read_safetensors
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -133,7 +133,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT,
     """The model (in eval mode) and tokenizer of a run directory or one checkpoint directory."""
     ckpt = resolve(path)
     cfg = ModelConfig.load(ckpt / CONFIG)
-    model = GPT.from_state(cfg, read_safetensors(ckpt / WEIGHTS), source=str(ckpt / WEIGHTS)).to(device)
+    state = read_safetensors(ckpt / WEIGHTS)
+    check_one_unembedding(cfg, state, str(ckpt / WEIGHTS))
+    model = GPT.from_state(cfg, state, source=str(ckpt / WEIGHTS)).to(device)
     tok_path = ckpt / TOKENIZER_FILE
     tok = Tokenizer.load(tok_path) if tok_path.is_file() else None
     if tok is not None:
