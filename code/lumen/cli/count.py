@@ -12,7 +12,7 @@ from pathlib import Path
 from ..accounting import report
 from ..config import PRESETS, ModelConfig
 from ..errors import UserError
-from ..formats import MODELS, SPEC_FORMS
+from ..formats import MODELS, SPEC_FORMS, unknown_spec
 from .models import add_model_argument, load_model
 
 
@@ -35,8 +35,8 @@ def resolve_config(spec: str) -> ModelConfig:
     if path.is_file() and path.suffix == ".json":
         return ModelConfig.load(path)
     if not path.exists() and spec not in MODELS:
-        raise UserError(f"unknown model {spec!r}: give a preset ({', '.join(PRESETS)}), a config .json file, "
-                        f"or {SPEC_FORMS}")
+        raise unknown_spec(spec, (*PRESETS, *MODELS), f"a preset ({', '.join(PRESETS)}), a config .json file, "
+                           f"or {SPEC_FORMS}")
     return load_model(spec).model.cfg
 
 

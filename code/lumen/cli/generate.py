@@ -8,6 +8,7 @@ most likely token every time. Past the model's context the window slides (`GPT.s
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import secrets
 import sys
@@ -86,9 +87,48 @@ def run(args: argparse.Namespace) -> int:
     steps = tuned(loaded.model.stream(  # threads measured as tokens come (lumen.threads: busy machines)
         idx, args.max_new_tokens, **settings, generator=torch.Generator().manual_seed(seed), compile=args.compile,
     ))
-    with contextlib.nullcontext() if args.compile else packed(loaded.model):  # eager: oneDNN's layout
-        stream_text(steps, tok, sys.stdout)
+    recent: collections.deque[int] = collections.deque(maxlen=loaded.model.cfg.context)  # what a diagnosis reads
+    greedy_check = settings["temperature"] == 0 and not args.compile
+    try:
+        with contextlib.nullcontext() if args.compile else packed(loaded.model), \
+                finite_logits(loaded.model) if greedy_check else contextlib.nullcontext():  # eager: oneDNN's layout
+            stream_text(kept(steps, recent), tok, sys.stdout)
+    except (NonFiniteLogits, RuntimeError) as e:
+        # sampling: torch.multinomial refuses probabilities that are not finite (its own check: nothing added to
+        # a step); greedy: finite_logits. Then, once, where the forward pass went non-finite (lumen.inspect.finite)
+        if not isinstance(e, NonFiniteLogits) and "probability tensor contains" not in str(e):
+            raise
+        from ..inspect.finite import non_finite_error
+
+        seq = torch.tensor([(ids + list(recent))[-loaded.model.cfg.context:]])
+        raise non_finite_error(loaded.model, seq, args.model) from None
     return 0
+
+
+class NonFiniteLogits(Exception):
+    """The last position's logits held NaN or infinity (see finite_logits)."""
+
+
+@contextlib.contextmanager
+def finite_logits(model):
+    """While decoding greedily: the last position's logits are checked as the unembedding makes them (argmax would
+    pick a NaN without complaint); a vocabulary-long check per token, next to a forward pass through every block."""
+    def check(module, args, out):
+        if not bool(torch.isfinite(out[:, -1]).all()):
+            raise NonFiniteLogits()
+
+    handle = model.lm_head.register_forward_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def kept(steps, recent: collections.deque):
+    """The decoding steps, unchanged, with the latest token ids kept in `recent` (bounded)."""
+    for nxt in steps:
+        recent.append(int(nxt[0]))
+        yield nxt
 
 
 def sampling_settings(args: argparse.Namespace) -> tuple[dict, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import MissingFileError, UserError
+from ..errors import LumenError, MissingFileError, UserError
 from ..files import read_json
 from ..model import GPT
 from ..tokenizers import Tokenizer
@@ -120,7 +120,38 @@ def _load(spec: str, device: str | torch.device, dtype: torch.dtype) -> tuple[GP
         from .checkpoint import load_run
 
         return load_run(path, device)
-    raise UserError(f"unknown model {spec!r}: give {SPEC_FORMS}")
+    raise unknown_spec(spec)
+
+
+def unknown_spec(spec: str, names: tuple[str, ...] = tuple(MODELS), forms: str = SPEC_FORMS) -> LumenError:
+    """The error for a spec that names nothing lumen can load: for a path, the first part of it that does not
+    exist and the closest existing name there (a mistyped run directory: `runs/shakespear`, did you mean
+    runs/shakespeare?); for a bare word, the closest of `names`. `forms` lists what a spec may be.
+
+        >>> str(unknown_spec("smollm3")).split(":")[0]
+        "unknown model 'smollm3' (did you mean smollm2?)"
+    """
+    import difflib
+
+    path = Path(spec)
+    if path.exists():
+        what = "folder" if path.is_dir() else "file"
+        return UserError(f"{spec} is a {what} lumen cannot read as a model: give {forms}")
+    if len(path.parts) > 1 or spec.startswith("."):
+        parts = path.parts
+        i = next(i for i in range(len(parts), 0, -1) if Path(*parts[:i]).exists()) if Path(parts[0]).exists() else 0
+        base = Path(*parts[:i]) if i else Path(".")
+        missing, rest = parts[i], parts[i + 1:]
+        try:
+            entries = [p.name for p in base.iterdir()] if base.is_dir() else []
+        except OSError:
+            entries = []
+        close = difflib.get_close_matches(missing, entries, n=1, cutoff=0.6)
+        hint = f" (did you mean {Path(base, close[0], *rest) if i else Path(close[0], *rest)}?)" if close else ""
+        return MissingFileError(f"no model at {spec}: {base if i else 'this folder'} has no {missing!r}{hint}")
+    close = difflib.get_close_matches(spec, list(names), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return UserError(f"unknown model {spec!r}{hint}: give {forms}")
 
 
 def _is_hf_dir(path: Path) -> bool:
