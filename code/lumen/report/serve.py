@@ -44,6 +44,8 @@ class ExploreServer(ThreadingHTTPServer):
     """A ThreadingHTTPServer that holds the model, its tokenizer and the lock that serialises its use."""
 
     daemon_threads = True
+    request_queue_size = 64  # connections the kernel holds until accepted (5 by default: a burst's next SYNs were
+    # dropped and retried a second later, instead of being answered busy at once)
 
     def __init__(self, model: GPT, tokenizer, port: int = 0, tuned=None, prompt: str = "", quiet: bool = True):
         self.model, self.tokenizer, self.tuned, self.default_prompt, self.quiet = model, tokenizer, tuned, prompt, quiet
