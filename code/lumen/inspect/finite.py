@@ -41,7 +41,7 @@ class NonFinite:
 
     site: str             # its name, e.g. "blocks.3.mlp_hidden"; "logits" for the unembedding's output
     kind: str             # "NaN" or "infinite values"
-    largest_weight: float  # the largest |weight| of the part that computed it (its block, or the embedding)
+    largest_weight: float  # the largest |weight| of what computed it (the embeddings, the blocks up to it)
     weight: str           # which parameter holds that value
 
     def describe(self) -> str:
@@ -76,12 +76,18 @@ def diagnose(model: GPT, idx: torch.Tensor) -> NonFinite | None:
 
 
 def _largest_weight(model: GPT, site: str) -> tuple[str, float]:
-    """The parameter with the largest |value| among those that computed `site` (its block; else the embedding,
-    the final norm and the unembedding)."""
+    """The parameter with the largest |value| among those that computed `site`: the embeddings and every block up
+    to the site's (and the final norm and the unembedding, for the logits)."""
     m = re.fullmatch(r"blocks\.(\d+)\.\w+", site)
-    prefix = f"blocks.{m.group(1)}." if m else ""
-    candidates = [(n, p) for n, p in model.named_parameters() if n.startswith(prefix) and (m or "blocks." not in n)]
-    name, p = max(candidates, key=lambda np_: float(np_[1].detach().float().abs().max()))
+    last = int(m.group(1)) if m else len(model.blocks) if site in ("final", "logits") else -1
+
+    def upstream(name: str) -> bool:
+        if name.startswith("blocks."):
+            return int(name.split(".")[1]) <= last
+        return name.split(".")[0] in ("tok_emb", "pos_emb") or site in ("final", "logits")
+
+    name, p = max(((n, p) for n, p in model.named_parameters() if upstream(n)),
+                  key=lambda np_: float(np_[1].detach().float().abs().max()))
     return name, float(p.detach().float().abs().max())
 
 
