@@ -172,8 +172,10 @@ def check_memory(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device)
     from ..accounting import count
 
     tokens = cfg.batch_size * model_cfg.context  # one micro-batch
-    per_token = 2 * model_cfg.vocab_size + model_cfg.n_layers * (4 * model_cfg.d_model + 2 * model_cfg.hidden)
-    need = 16 * count(model_cfg).total + 4 * tokens * per_token + 8 * cfg.windows_per_step
+    # per token: the logits and their gradient in float32 (the loss reads a float32 copy), and what each block
+    # keeps for the backward pass, at bfloat16's 2 bytes (its input and attention output, the MLP's hidden units)
+    per_token = 8 * model_cfg.vocab_size + 2 * model_cfg.n_layers * (4 * model_cfg.d_model + 2 * model_cfg.hidden)
+    need = 16 * count(model_cfg).total + tokens * per_token + 8 * cfg.windows_per_step
     have = device_memory(device)
     if have and need > have:
         raise ConfigError(
