@@ -240,11 +240,15 @@ def one_thread():
 
 
 # ---------------------------------------------------------------------------------------------
-# damaged model files (test_fuzz_files' mutations) through `lumen generate` / `count` / `lens --tuned`
+# damaged model files (test_fuzz_files' mutations) through `lumen generate` / `convert` / `count` / `lens --tuned`
 def file_cases(T, n_random: int) -> list[Case]:
     cases = []
     for family, make in FILE_FAMILIES.items():
         for i, fc in enumerate(make(T, n_random)):
+            if family in ("gguf", "checkpoint", "hf") and (EXTRA or i % FILE_SAMPLE == FILE_SAMPLE // 2):
+                cases.append(Case(f"convert-{family}", fc.what, ["convert", "{d}/m.gguf" if family == "gguf" else
+                                                                 "{d}/model", "{d}/out", "--to", "hf"],
+                                  make=lambda d, fc=fc: fc.make(d), wrong=fc.wrong))
             if not EXTRA and i % FILE_SAMPLE:
                 continue
             spec = {"gguf": "{d}/m.gguf", "config": "{d}/model/config.json", "lens": "{d}/model/lens.safetensors"}.get(
