@@ -14,7 +14,8 @@ what it changed). By default a sample of test_fuzz_files' damaged files goes thr
 every enumerated argument and setting case; `LUMEN_FUZZ_EXAMPLES=N` sends all the damaged files through the
 command and adds N random argument combinations per family; `LUMEN_FUZZ_TALLY=out.jsonl` records every
 outcome instead of failing (the counts the issue reports), and a tally run that is cut short (or killed by a
-case that crashes the interpreter: recorded as "crashed") goes on where it stopped when run again:
+case that crashes the interpreter: recorded as "crashed") goes on where it stopped when run again;
+`LUMEN_FUZZ_FORK=1` runs each case in a forked child, so that none changes the next one's outcome:
 
     LUMEN_FUZZ_EXAMPLES=200 LUMEN_FUZZ_TALLY=/tmp/tally.jsonl pytest -m fuzz tests/test_fuzz_cli.py
 """
@@ -50,6 +51,7 @@ pytestmark = pytest.mark.fuzz
 
 EXTRA = int(os.environ.get("LUMEN_FUZZ_EXAMPLES", "0"))
 TALLY = os.environ.get("LUMEN_FUZZ_TALLY")
+FORK = os.environ.get("LUMEN_FUZZ_FORK")  # run each case in a forked child (slower; no case affects the next)
 CASE_SECONDS = 10  # CPU seconds a case may take (a legitimate one takes well under 2)
 WALL_FACTOR = 6    # and wall-clock seconds, as a multiple of that
 FILE_SAMPLE = 6  # by default one damaged file in FILE_SAMPLE goes through the command (all with LUMEN_FUZZ_EXAMPLES)
@@ -189,6 +191,27 @@ def run_case(case: Case, folder: Path, world: World) -> str:
     return result
 
 
+def isolated(fn: Callable[..., str], *args) -> str:
+    """fn(*args) in a forked child: a case that leaves the process bloated (memory the allocator keeps) or
+    broken cannot change the outcome of the next one."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, report, leave without cleanup
+        try:
+            result = fn(*args)
+        except BaseException as e:  # noqa: BLE001
+            result = f"escaped: {type(e).__name__}"
+        os.write(write, result.encode()[:4000])
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        result = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return f"crashed: signal {os.WTERMSIG(status)}"
+    return result or "crashed: no answer"
+
+
 def run_family(family: str, cases: list[Case], tmp_path: Path, world: World) -> None:
     failures = []
     done = tallied() if TALLY else {}
@@ -198,7 +221,8 @@ def run_family(family: str, cases: list[Case], tmp_path: Path, world: World) -> 
             continue
         if TALLY:
             record(family, key, "started")  # a case that kills the interpreter is left "started": see tallied
-        result = run_case(case, tmp_path / f"{i}", world)
+        args = (case, tmp_path / f"{i}", world)
+        result = isolated(run_case, *args) if FORK else run_case(*args)
         if TALLY:
             record(family, key, result)
         elif result not in ("ok", "refused"):
