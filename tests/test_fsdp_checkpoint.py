@@ -24,6 +24,10 @@ from lumen.train.distributed import lost_peer
 from lumen.train.optim import make_optimizer
 
 
+# a character vocabulary of the model's 40 ids
+CHARS = CharTokenizer([chr(ord("a") + i) for i in range(26)] + [str(i) for i in range(10)] + list(" .,;"))
+
+
 def trained(tie: bool = True, seed: int = 0) -> tuple[GPT, torch.optim.Optimizer]:
     """A tiny model after two AdamW steps (so the optimizer holds moments worth keeping)."""
     torch.manual_seed(seed)
@@ -43,7 +47,7 @@ def sharded(tmp_path):
     model, opt = trained()
     state = {"step": 2, "tokens": 64, "best": 1.5, "data_generator": torch.Generator().get_state(),
              "torch_rng": [torch.get_rng_state()], "world": 1, "train_config": "{}"}
-    path = ckpt.save_sharded_checkpoint(tmp_path / "step-000002", model, opt, CharTokenizer("abc"), {"step": 2}, state)
+    path = ckpt.save_sharded_checkpoint(tmp_path / "step-000002", model, opt, CHARS, {"step": 2}, state)
     return path, model, opt
 
 

@@ -44,9 +44,9 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..config import ModelConfig
-from ..errors import CheckpointError, MissingFileError
+from ..errors import CheckpointError, LumenError, MissingFileError
 from ..fetch import sha256_of
-from ..files import atomic_dir, recover_dir
+from ..files import atomic_dir, read_json, recover_dir
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
 from ..tokenizers import Tokenizer
@@ -130,9 +130,9 @@ def best_checkpoint(run_dir: str | Path) -> Path | None:
     """The checkpoint `best.json` names, if it still exists (None when best.json is missing or unreadable)."""
     pointer = Path(run_dir) / BEST
     try:
-        name = json.loads(pointer.read_text(encoding="utf-8"))["checkpoint"]
+        name = read_json(pointer, "best checkpoint", CheckpointError)["checkpoint"]
         path = Path(run_dir) / CHECKPOINTS / name
-    except (OSError, ValueError, KeyError, TypeError):
+    except (LumenError, KeyError, TypeError, ValueError):
         return None
     return path if path.parent.name == CHECKPOINTS and is_checkpoint(path) else None
 
@@ -207,12 +207,13 @@ def verify(ckpt: str | Path) -> None:
     """Check a checkpoint against its manifest (every file there, with its size and sha256); raise
     CheckpointError saying what is wrong."""
     ckpt = Path(ckpt)
+    if not (ckpt / MANIFEST).is_file():
+        raise CheckpointError(f"{ckpt} has no {MANIFEST}: it was not completely written")
+    manifest = read_json(ckpt / MANIFEST, "checkpoint manifest", CheckpointError, "the checkpoint is damaged")
+    listed = manifest.get("files") or {}  # (a manifest listing nothing fails below)
     try:
-        listed = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))["files"]
         entries = [(str(name), int(e["bytes"]), str(e["sha256"])) for name, e in listed.items()]
-    except FileNotFoundError:
-        raise CheckpointError(f"{ckpt} has no {MANIFEST}: it was not completely written") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise CheckpointError(f"{ckpt / MANIFEST} is damaged (not the manifest lumen writes)") from None
     for name, size, digest in entries:
         f = ckpt / name

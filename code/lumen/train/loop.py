@@ -32,7 +32,7 @@ from ..errors import ConfigError, TrainingError, UserError
 from ..model import GPT
 from ..threads import ThreadTuner
 from . import distributed
-from .config import TrainConfig
+from .config import TrainConfig, check_memory
 from .machine import TrainingInterrupted, ctrl_c, resolve_device, run_settings, training_attention, use_bf16
 from .optim import clip_and_step, lr_at, make_optimizer, set_lr
 from .result import TrainResult, summary_line
@@ -99,6 +99,7 @@ class Trainer:
             raise UserError(f"the model's vocab_size {model.cfg.vocab_size} differs from the tokenizer's "
                             f"{self.tokenizer.vocab_size}")
         self.T = self.model_cfg.context
+        check_memory(cfg, self.model_cfg, self.device)
         self.data.check_context(self.T)
         val_starts = self.data.even_starts("val", self.T, cfg.eval_windows)  # what evaluate() reads
         self.val_chars_per_token = self.data.chars("val", val_starts, self.T) / (len(val_starts) * self.T)

@@ -26,8 +26,8 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 from ..config import ModelConfig
-from ..errors import CheckpointError, ConfigError, TrainingError, UserError
-from ..files import atomic_dir, write_text
+from ..errors import CheckpointError, ConfigError, LumenError, TrainingError, UserError
+from ..files import atomic_dir, check_writable, read_json, write_text
 from ..formats import checkpoint as ckpt
 from ..model import GPT
 from ..tokenizers import Tokenizer
@@ -36,6 +36,7 @@ from .result import TrainResult, from_summary
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+RUN_FILES = ("config.toml", "tokenizer.json", "tokenizer_config.json", METRICS, SUMMARY, "loss.png", "best.json")
 
 
 class RunDir:
@@ -45,9 +46,18 @@ class RunDir:
         self.path = Path(path)
 
     def check(self, resume: bool) -> None:
-        """Before anything starts: a fresh run never writes over another run's checkpoints."""
+        """Before anything starts: the run's folder can be written (no part of it a file, no file of the run a
+        folder), and a fresh run never writes over another run's checkpoints."""
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"out_dir {self.path} is a file, not a folder; set out_dir to a new folder")
+        check_writable(self.path, "out_dir", error=ConfigError)
+        for name in RUN_FILES:
+            if (self.path / name).is_dir():
+                raise ConfigError(f"out_dir {self.path}: {self.path / name} is a folder where the run writes its "
+                                  f"{name}; move it away or set out_dir to another folder")
+        if (self.path / ckpt.CHECKPOINTS).exists() and not (self.path / ckpt.CHECKPOINTS).is_dir():
+            raise ConfigError(f"out_dir {self.path}: {self.path / ckpt.CHECKPOINTS} is a file where the run keeps "
+                              "its checkpoints; move it away or set out_dir to another folder")
         found = [p for p in (self.path / ckpt.CHECKPOINTS).glob(f"{ckpt.PREFIX}*") if ckpt.step_of(p) is not None]
         if found and not resume:
             newest = max(found, key=ckpt.step_key)
@@ -151,10 +161,9 @@ class RunDir:
     def summary(self) -> dict | None:
         """What summary.json records (None if missing or unreadable)."""
         try:
-            s = json.loads((self.path / SUMMARY).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return read_json(self.path / SUMMARY, "run summary", TrainingError)
+        except LumenError:
             return None
-        return s if isinstance(s, dict) else None
 
     def recorded_result(self, history: list[dict], best: float, chars_per_token: float) -> TrainResult:
         """The result of a finished run as summary.json records it; if the run was stopped before writing
