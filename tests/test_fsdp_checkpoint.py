@@ -23,7 +23,6 @@ from lumen.train import load_config
 from lumen.train.distributed import lost_peer
 from lumen.train.optim import make_optimizer
 
-
 # a character vocabulary of the model's 40 ids
 CHARS = CharTokenizer([chr(ord("a") + i) for i in range(26)] + [str(i) for i in range(10)] + list(" .,;"))
 

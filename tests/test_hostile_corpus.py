@@ -254,7 +254,8 @@ def test_gguf_case_is_refused_by_the_header_walk(name, tmp_path, monkeypatch):
 
 
 def run_all(specs: dict[str, Path]) -> dict[str, str]:
-    """`lumen generate SPEC` (one token) for every case, in this process: name -> "refused: LINE", "ok", "exit N: LINE"."""
+    """`lumen generate SPEC` (one token) for every case, in this process: name -> "refused: LINE", "ok",
+    "exit N: LINE"."""
     import contextlib
     import io
 
@@ -277,9 +278,9 @@ def run_all(specs: dict[str, Path]) -> dict[str, str]:
 
 
 def test_every_case_is_refused_by_the_command_within_a_memory_bound(corpus):
-    """Through `lumen generate`, which reads the weights, in a forked child whose address space may grow by MEMORY_BOUND at most (an
-    allocation for a claimed size fails there, and shows as an internal error) and whose every case has
-    SECONDS: each case exits 2 with one line naming its file."""
+    """Through `lumen generate`, which reads the weights, in a forked child whose address space may grow by
+    MEMORY_BOUND at most (an allocation for a claimed size fails there, and shows as an internal error) and
+    whose every case has SECONDS: each case exits 2 with one line naming its file."""
     import resource
 
     read, write = os.pipe()
