@@ -196,7 +196,8 @@ def test_hook_errors_are_clear():
     assert no_hooks_left(model)
     with torch.no_grad():   # reading hooks alone (no pattern or score) leave the fused path and its numbers alone
         plain, _ = model(x)
-        read = run_with_hooks(model, x, fwd_hooks=[(lambda n: not n.endswith(("pattern", "scores")), lambda a, n: None)])
+        reading = (lambda n: not n.endswith(("pattern", "scores")), lambda a, n: None)
+        read = run_with_hooks(model, x, fwd_hooks=[reading])
     assert torch.equal(read, plain)
 
 

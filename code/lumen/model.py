@@ -210,7 +210,7 @@ class GPT(nn.Module):
             model = cls(cfg)
         for name, part in parts.items():
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, part)
+            setattr(model.get_submodule(parent) if parent else model, child, part.to(device) if device else part)
         tied = {"lm_head.weight"} if cfg.tie_embeddings and "lm_head" not in parts else set()
         expected = {k: v for k, v in model.state_dict().items() if k not in tied and v.is_meta}
         missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected) - tied)

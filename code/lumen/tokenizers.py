@@ -16,6 +16,7 @@ behind one small interface. Every tokenizer saves to and loads from one `tokeniz
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from tokenizers import Tokenizer as _HF
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from .errors import MissingFileError, ModelFileError, UserError
+from .files import read_json
 
 FILENAME = "tokenizer.json"
 SETTINGS = "tokenizer_config.json"  # beside a Hugging Face tokenizer.json: eos token, chat template
@@ -103,13 +105,23 @@ class Tokenizer:
             tok.read_settings(path.parent / SETTINGS)
         return tok
 
+    # whether the model's vocabulary may be larger than the tokenizer's: a Hugging Face tokenizer decodes an id
+    # it lacks as nothing (padded embedding tables are common); characters and bytes have no such ids
+    pads = False
+
     def check_fits(self, vocab_size: int, source: str) -> None:
-        """Refuse a tokenizer that can produce ids the model has no embedding for (a model's vocabulary
-        may be larger than its tokenizer's: padded embedding tables are common)."""
+        """Refuse a tokenizer that can produce ids the model has no embedding for, and (for the kinds that cannot
+        pad) a model that can produce ids the tokenizer has no text for."""
         if self.vocab_size > vocab_size:
             raise ModelFileError(
                 f"{source}: the tokenizer has {self.vocab_size:,} token ids but the model's vocabulary holds "
                 f"{vocab_size:,}; the tokenizer belongs to another model (use the one it was trained with)"
+            )
+        if vocab_size > self.vocab_size and not self.pads:
+            raise ModelFileError(
+                f"{source}: the model's vocabulary holds {vocab_size:,} ids but this {self.kind} tokenizer has text "
+                f"for {self.vocab_size:,}: ids {self.vocab_size:,}..{vocab_size - 1:,} the model can write decode to "
+                "nothing; the tokenizer belongs to another model (use the one it was trained with)"
             )
 
 
@@ -187,17 +199,12 @@ def single_token(tokenizer: Tokenizer, text: str, what: str) -> int:
     return ids[0]
 
 
-def read_json(path: Path, what: str) -> dict:
-    """A JSON object from a file; a file that is not UTF-8, not JSON or not an object is a ModelFileError."""
-    try:
-        d = json.loads(path.read_bytes().decode("utf-8"))
-    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError
-        raise ModelFileError(
-            f"{path} is not a readable {what} file ({e}); it is damaged: save or fetch it again"
-        ) from None
-    if not isinstance(d, dict):
-        raise ModelFileError(f"{path} holds a JSON {type(d).__name__}, not a {what} object; save or fetch it again")
-    return d
+def _ids(ids: Iterable[int]) -> list[int]:
+    """Token ids as a list of non-negative ints (a negative one would index from the end)."""
+    ids = [int(i) for i in ids]
+    if any(i < 0 for i in ids):
+        raise UserError(f"token ids must not be negative, got {min(ids)}")
+    return ids
 
 
 class CharTokenizer(Tokenizer):
@@ -224,7 +231,12 @@ class CharTokenizer(Tokenizer):
             raise UserError(f"character {e.args[0]!r} is not in this character vocabulary") from None
 
     def decode(self, ids: Iterable[int]) -> str:
-        return "".join(self.chars[i] for i in ids)
+        ids = _ids(ids)
+        try:
+            return "".join(self.chars[i] for i in ids)
+        except IndexError:
+            raise UserError(f"token ids must lie in [0, {len(self.chars)}) for this character vocabulary, got "
+                            f"{max(ids)}") from None
 
     def _state(self) -> dict:
         return {"chars": "".join(self.chars)}
@@ -251,6 +263,9 @@ class ByteTokenizer(Tokenizer):
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Iterable[int]) -> str:
+        ids = list(ids)
+        if any(not 0 <= i < 256 for i in ids):
+            raise UserError(f"byte token ids must lie in [0, 256), got {max(ids, key=lambda i: abs(i - 128))}")
         return bytes(ids).decode("utf-8", errors="replace")
 
     def _state(self) -> dict:
@@ -265,11 +280,21 @@ class HFTokenizer(Tokenizer):
     """A Hugging Face `tokenizers.Tokenizer`: a BPE trained here or a pretrained model's."""
 
     kind = "hf"
+    pads = True
 
     def __init__(self, tok, eos_token: str | None = None):  # tok: tokenizers.Tokenizer
         self.tok = tok
         self.eos_id = tok.token_to_id(eos_token) if eos_token else None
-        self.chat_template: str | None = None
+        self.chat: ChatTemplate | None = None
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's Jinja source (None: the model has none); setting it compiles it (ChatTemplate)."""
+        return self.chat.source if self.chat is not None else None
+
+    @chat_template.setter
+    def chat_template(self, source: str | None) -> None:
+        self.chat = ChatTemplate(source) if source else None
 
     @property
     def vocab_size(self) -> int:
@@ -306,7 +331,10 @@ class HFTokenizer(Tokenizer):
             raise ModelFileError(f"{path}: eos_token and chat_template must be strings, got {eos!r} and "
                                  f"{str(template)[:40]!r}; fix the file or fetch it again")
         self.eos_id = self.tok.token_to_id(eos) if eos else None
-        self.chat_template = template
+        try:
+            self.chat_template = template
+        except ModelFileError as e:
+            raise ModelFileError(f"{path}: {e}") from None
 
     @classmethod
     def _from_state(cls, state: dict, path: Path | str = FILENAME) -> HFTokenizer:
@@ -316,6 +344,144 @@ class HFTokenizer(Tokenizer):
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise ModelFileError(f"{path} is not a valid tokenizer ({reason}); save or fetch it again") from None
         return cls(tok, EOS if tok.token_to_id(EOS) is not None else None)
+
+
+class ChatTemplate:
+    """A model's chat template: Jinja, compiled when the tokenizer is read (a template that is not valid Jinja is
+    refused then, naming its line) and rendered in Jinja's immutable sandbox with bounds, since it is code from a
+    model file: at most MAX_CHAT_STEPS lines of template run per render (nested loops cannot hang), no string or
+    list repeated, padded or formatted past MAX_CHAT_CHARS, no power past MAX_CHAT_EXPONENT. `raise_exception`
+    (Hugging Face's helper) is there for templates that refuse a conversation.
+
+        >>> ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}").render("hi")
+        '<user>hi'
+    """
+
+    def __init__(self, source: str):
+        from jinja2 import TemplateSyntaxError
+
+        self.source = source
+        try:
+            self.template = _chat_environment().from_string(source)
+        except TemplateSyntaxError as e:
+            raise ModelFileError(f"the chat template is not valid Jinja (line {e.lineno}: {e.message}); "
+                                 "use a model file with a working template, or drop --chat") from None
+
+    def render(self, user_text: str, add_generation_prompt: bool = True) -> str:
+        """The template applied to one user message, ready for the model's reply."""
+        import sys
+
+        from jinja2 import TemplateError
+
+        steps = 0
+
+        def count(frame, event, arg):  # every line the template's own code runs counts one step
+            nonlocal steps
+            if event == "line":
+                steps += 1
+                if steps > MAX_CHAT_STEPS:
+                    raise _ChatBound(f"it ran more than {MAX_CHAT_STEPS:,} steps")
+            return count
+
+        def on_call(frame, event, arg):
+            return count if frame.f_code.co_filename == "<template>" else None
+
+        before = sys.gettrace()
+        sys.settrace(on_call)
+        try:
+            text = self.template.render(messages=[{"role": "user", "content": user_text}],
+                                        add_generation_prompt=add_generation_prompt)
+        except _ChatRefusal as e:
+            raise UserError(f"the model's chat template refuses this prompt: {e}") from None
+        except _ChatBound as e:
+            raise ModelFileError(f"the model's chat template asks for too much ({e}); drop --chat and write the "
+                                 "prompt yourself") from None
+        except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError,
+                MemoryError) as e:  # a template is code from the model file: whatever fails in it is the file's
+            raise ModelFileError(f"the model's chat template failed ({type(e).__name__}: {_one_line(e)}); "
+                                 "drop --chat and write the prompt yourself") from None
+        finally:
+            sys.settrace(before)
+        if len(text) > MAX_CHAT_CHARS:
+            raise ModelFileError(f"the model's chat template made {len(text):,} characters of prompt from "
+                                 f"{len(user_text):,}; drop --chat and write the prompt yourself")
+        return text
+
+
+MAX_CHAT_STEPS = 1_000_000    # lines of template code one render may run (SmolLM2's runs a few dozen)
+MAX_CHAT_CHARS = 1_000_000    # the longest string or list a template may build
+MAX_CHAT_EXPONENT = 1024      # the largest power a template may compute
+
+
+class _ChatBound(Exception):
+    """A chat template went past one of ChatTemplate's bounds."""
+
+
+class _ChatRefusal(Exception):
+    """A chat template called raise_exception."""
+
+
+def _one_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+
+
+def _chat_environment():
+    """Jinja's immutable sandbox with the bounds ChatTemplate describes (built once)."""
+    global _CHAT_ENV
+    if _CHAT_ENV is not None:
+        return _CHAT_ENV
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def big(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CHAT_CHARS
+
+    def check_args(args: tuple, kwargs: dict) -> None:
+        if any(big(a) for a in (*args, *kwargs.values())):
+            raise _ChatBound(f"a width or count above {MAX_CHAT_CHARS:,}")
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "%"})
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(right, int) and abs(right) > MAX_CHAT_EXPONENT:
+                raise _ChatBound(f"a power above {MAX_CHAT_EXPONENT}")
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_CHAT_CHARS:
+                        raise _ChatBound(f"a string or list longer than {MAX_CHAT_CHARS:,}")
+            if operator == "%" and isinstance(left, str) and re.search(r"\d{7,}", left):
+                raise _ChatBound(f"a format wider than {MAX_CHAT_CHARS:,}")
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja's own signature
+            check_args(args, kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def wrap_str_format(self, value):  # str.format and format_map: no field wider than the bound
+            if isinstance(getattr(value, "__self__", None), str) and re.search(r"\d{7,}", value.__self__):
+                raise _ChatBound(f"a format wider than {MAX_CHAT_CHARS:,}")
+            return super().wrap_str_format(value)
+
+    def bounded(fn):
+        def filter_(*args, **kwargs):
+            check_args(args[1:], kwargs)
+            return fn(*args, **kwargs)
+        for attr in ("jinja_pass_arg",):  # (filters that take the context or environment keep saying so)
+            if hasattr(fn, attr):
+                setattr(filter_, attr, getattr(fn, attr))
+        return filter_
+
+    def raise_exception(message: str = "") -> None:
+        raise _ChatRefusal(str(message))
+
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters = {name: bounded(fn) for name, fn in env.filters.items()}
+    env.globals["raise_exception"] = raise_exception
+    _CHAT_ENV = env
+    return env
+
+
+_CHAT_ENV = None
 
 
 EOS = "<|endoftext|>"  # the document separator of the BPE tokenizers trained here (GPT-2's name for it)

@@ -40,8 +40,8 @@ from .heads import head_scores, induction_scores, positional_scores
 from .hooks import hooked, run_with_hooks
 from .lens import Lens, LensResult, LogitLens, evaluate_lens, logit_lens
 from .neurons import scan_layer, top_activations, value_logits, value_tokens
-from .path_patching import path_patching
 from .patching import Patching, PatchingSet, Site, logit_diff, logprob, patch, patching_maps
+from .path_patching import path_patching
 from .readout import Readout
 from .stack import Stack, accumulated, decompose
 from .tuned_lens import TunedLens, train_tuned_lens, unembedding_hash

@@ -232,7 +232,7 @@ def inputs(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: torch.Te
            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(token ids (B, T), padding mask or None) on the model's device, from ids (T,) or (B, T) and a mask or a Batch."""
     if isinstance(idx, Batch):
-        idx, mask = idx.ids, idx.mask
+        mask, idx = idx.mask, idx.ids
     idx = torch.as_tensor(idx, dtype=torch.long, device=model.device)
     if idx.dim() == 1:
         idx = idx[None]

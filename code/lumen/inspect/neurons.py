@@ -81,7 +81,7 @@ def top_activations(
     (values (units, k), flat positions (units, k) into windows.flatten()). Runs the blocks up to `layer` only.
     A padded batch (a Batch, or windows and a mask) counts its real tokens only."""
     if isinstance(windows, Batch):
-        windows, mask = windows.ids, windows.mask
+        mask, windows = windows.mask, windows.ids
     check_layer(model, layer)
     best_v: torch.Tensor | None = None
     best_i: torch.Tensor | None = None

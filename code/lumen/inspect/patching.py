@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 import torch.nn.functional as F
@@ -156,7 +157,7 @@ class Copy:
 
     layer: int
     start: int
-    writes: list[tuple[str, int | None, int | None, torch.Tensor]]
+    writes: Sequence[tuple[str, int | None, int | None, torch.Tensor]]
     records: list[str] = field(default_factory=list)
 
 
@@ -210,7 +211,7 @@ def run_copies(model: GPT, corrupted: Corrupted, copies: Sequence[Copy], positio
 def _run_group(model: GPT, corrupted: Corrupted, copies: list[Copy], s: int, p: int
                ) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
     """Copies sorted by their block, all starting at position s: positions s..p, blocks from the first copy's up."""
-    rows_at: dict[str, list[tuple[int, int | None, int | None, torch.Tensor]]] = {}
+    rows_at: dict[str, list[tuple[int, tuple, int | None, torch.Tensor]]] = {}
     for r, copy in enumerate(copies):
         for name, pos, head, values in copy.writes:
             layer, kind, _ = names.parse(name)
@@ -250,9 +251,9 @@ def _run_group(model: GPT, corrupted: Corrupted, copies: list[Copy], s: int, p: 
             assert x is not None
             kv = corrupted.kv.layers[j]
             length = torch.tensor(s, device=x.device)
-            layer = LayerCache(kv.k[:, :, :p + 1].expand(x.size(0), -1, -1, -1).clone(),
-                               kv.v[:, :, :p + 1].expand(x.size(0), -1, -1, -1).clone(), length)
-            x = model.blocks[j](x, None, layer)
+            kv_j = LayerCache(kv.k[:, :, :p + 1].expand(x.size(0), -1, -1, -1).clone(),
+                              kv.v[:, :, :p + 1].expand(x.size(0), -1, -1, -1).clone(), length)
+            x = model.blocks[j](x, None, kv_j)
     assert x is not None
     logits = model.lm_head(model.ln_f(x[:, -1]))
     full = [{name: _whole(corrupted, name, a, s, p) for name, a in rec.items()} for rec in recorded]
@@ -392,6 +393,15 @@ def _metrics(model: GPT, pairs: list[tuple[torch.Tensor, torch.Tensor]], metric:
 
 
 @torch.no_grad()
+@overload
+def patching_maps(model: GPT, clean: Batch, corrupt: Batch, metric: Metric | Sequence[Metric] | None = ...,
+                  kinds: Sequence[str] = ..., position: int = ..., tokenizer=..., metric_name: str = ...,
+                  layers: Sequence[int] | None = ..., by_position: bool = ...) -> PatchingSet: ...
+@overload
+def patching_maps(model: GPT, clean: torch.Tensor | Sequence[int], corrupt: torch.Tensor | Sequence[int],
+                  metric: Metric | Sequence[Metric] | None = ..., kinds: Sequence[str] = ..., position: int = ...,
+                  tokenizer=..., metric_name: str = ..., layers: Sequence[int] | None = ...,
+                  by_position: bool = ...) -> Patching: ...
 def patching_maps(
     model: GPT,
     clean: torch.Tensor | Sequence[int] | Batch,

@@ -106,8 +106,10 @@ def _paths(model: GPT, clean: torch.Tensor, corrupt: torch.Tensor, metric: Metri
         if start is None or start > p:
             restored[i, h] = 0.0   # the sender is the same in both runs (or changes after the position read)
             continue
-        frozen = [(zs[j], None, None, cache[zs[j]][1]) for j in range(i + 1, L)]   # every later head as corrupted
-        runs.append(Copy(i, start, [(zs[i], None, h, cache[zs[i]][0])] + frozen, [s.name for s in receivers]))
+        # the sender's head from the clean run, every later head as corrupted
+        writes: list[tuple[str, int | None, int | None, torch.Tensor]] = [(zs[i], None, h, cache[zs[i]][0])]
+        writes += [(zs[j], None, None, cache[zs[j]][1]) for j in range(i + 1, L)]
+        runs.append(Copy(i, start, writes, [s.name for s in receivers]))
         cells.append((i, h))
     if runs:
         z1, recorded = run_copies(model, corrupted, runs, p)
