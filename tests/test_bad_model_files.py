@@ -12,6 +12,8 @@ import torch
 from gguf import GGUFValueType as V
 from safetensors.torch import load_file, save_file
 
+from helpers.damaged import gguf_layout, templates, tiny_gpt2, tiny_llama, write_gguf
+from helpers.gguf import MERGES, TOKENS
 from lumen.config import ModelConfig
 from lumen.errors import ConfigError, LumenError, ModelFileError
 from lumen.formats import load
@@ -20,7 +22,6 @@ from lumen.formats.gguf import GGUFError, read_gguf
 from lumen.formats.hf import save_hf_dir
 from lumen.inspect.tuned_lens import TunedLens
 from lumen.tokenizers import Tokenizer
-from test_fuzz_files import MERGES, TOKENS, gguf_layout, templates, tiny_gpt2, tiny_llama, write_gguf
 
 A = "llama."
 

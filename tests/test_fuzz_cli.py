@@ -41,11 +41,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers.damaged import FAMILIES as FILE_FAMILIES
+from helpers.damaged import templates, write_gguf
 from lumen.cli import main
 from lumen.formats.checkpoint import save_checkpoint
 from lumen.tokenizers import ByteTokenizer, CharTokenizer
-from test_fuzz_files import FAMILIES as FILE_FAMILIES
-from test_fuzz_files import templates, write_gguf
 
 pytestmark = pytest.mark.fuzz
 

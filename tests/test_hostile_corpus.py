@@ -186,8 +186,8 @@ def safetensors_corpus(state: dict) -> dict[str, bytes]:
 # the files on disk: GGUF files as they are, safetensors as the weights of a lumen checkpoint
 def write_corpus(root: Path) -> dict[str, Path]:
     """Write every case under root; name -> the spec `lumen generate` is given for it."""
+    from helpers.damaged import templates
     from lumen.formats.checkpoint import save_checkpoint
-    from test_fuzz_files import templates
 
     T = templates()
     specs = {}

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers.damaged import templates, tiny_gpt2, tiny_llama
 from lumen.cli import main
 from lumen.config import ModelConfig
 from lumen.errors import ConfigError, MissingFileError, ModelFileError, UserError
@@ -26,7 +27,6 @@ from lumen.formats.weights import check_dtypes, check_one_unembedding
 from lumen.inspect.finite import diagnose, non_finite_error
 from lumen.model import GPT
 from lumen.tokenizers import ByteTokenizer, CharTokenizer, ChatTemplate, train_bpe
-from test_fuzz_files import templates, tiny_gpt2, tiny_llama
 
 
 def lumen(*argv: str) -> tuple[int, str, str]:
@@ -241,7 +241,7 @@ def test_a_chat_template_renders_what_jinja_renders():
 def test_generate_chat_with_a_template_that_is_not_jinja(tmp_path):
     from gguf import GGUFValueType as V
 
-    from test_fuzz_files import write_gguf
+    from helpers.damaged import write_gguf
 
     write_gguf(tmp_path / "m.gguf", templates().llama, meta={"tokenizer.chat_template": ("{% if %}", V.STRING)})
     rc, _, err = lumen("generate", tmp_path / "m.gguf", "--prompt", "the", "--chat")

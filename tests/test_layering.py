@@ -126,3 +126,16 @@ def test_the_speed_wing_has_one_door_and_the_reading_house_never_opens_it():
     graph = import_graph()
     assert sorted(n for n, deps in graph.items() if WING in deps) == ["cli"]
     assert ALLOWED[WING] & {"inspect", "train", "report", "experiments", "cli"} == set()
+
+
+def test_no_test_imports_another_test_file():
+    """Shared builders live in tests/helpers/ (or fixtures): a test file is never a library of another."""
+    tests = Path(__file__).parent
+    names = {p.stem for p in tests.glob("test_*.py")}
+    offenders = []
+    for path in sorted(tests.glob("test_*.py")) + sorted((tests / "helpers").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name} imports {m}" for m in modules if m.split(".")[0] in names]
+    assert not offenders, "; ".join(offenders)
