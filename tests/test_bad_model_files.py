@@ -267,3 +267,16 @@ def test_gguf_template_itself_loads(tmp_path):
     cfg, state, tok = w.cfg, w.state, w.tokenizer
     assert tok is not None and cfg.n_layers == 2 and tok.vocab_size == len(TOKENS)
     assert np.isfinite(state["tok_emb.weight"].numpy()).all()
+
+
+def test_gguf_string_that_is_not_utf8_is_named_in_lumens_words(tmp_path):
+    """A byte of a token's text damaged into one that cannot start UTF-8: the field and the file are named,
+    in lumen's words (not the codec's)."""
+    data = bytearray(templates().gguf)
+    at = data.index("<|im_start|>".encode())
+    data[at] = 0xC2  # a lead byte, then "|", which cannot continue it
+    path = tmp_path / "m.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match=r"m.gguf.*'tokenizer.ggml.tokens' holds bytes that are not UTF-8 text") as e:
+        read_gguf(path)
+    assert "codec" not in str(e.value) and "\n" not in str(e.value)

@@ -230,6 +230,9 @@ def metadata(reader: GGUFReader) -> dict:
     for key, field in reader.fields.items():
         try:
             out[key] = field.contents()
+        except UnicodeDecodeError as e:  # a string of the file's that is not text
+            raise GGUFError(f"metadata field {key!r} holds bytes that are not UTF-8 text (at byte {e.start} of a "
+                            "string); the file is corrupted") from None
         except Exception as e:
             raise GGUFError(f"metadata field {key!r} is unreadable ({_first_line(e)}); the file is corrupted") from None
     return out
