@@ -273,7 +273,7 @@ def test_gguf_string_that_is_not_utf8_is_named_in_lumens_words(tmp_path):
     """A byte of a token's text damaged into one that cannot start UTF-8: the field and the file are named,
     in lumen's words (not the codec's)."""
     data = bytearray(templates().gguf)
-    at = data.index("<|im_start|>".encode())
+    at = data.index(b"<|im_start|>")
     data[at] = 0xC2  # a lead byte, then "|", which cannot continue it
     path = tmp_path / "m.gguf"
     path.write_bytes(bytes(data))
