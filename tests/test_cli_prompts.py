@@ -197,6 +197,14 @@ def test_options_for_one_prompt_are_refused_beside_prompts(run, capsys, tmp_path
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_answers_in_the_file_and_on_the_command_line_are_refused_together(run, capsys, tmp_path):
+    f = jsonl(tmp_path / "p.jsonl", [{"prompt": "It is", "answer": "e"}])
+    for argv in (["attribute", "--contrast", "e", "a"], ["lens", "--answer", "e"]):
+        assert main([argv[0], str(run), "--prompts", str(f), *argv[1:]]) == 2
+        err = capsys.readouterr().err
+        assert "p.jsonl names an answer on every line: leave out the command line's" in err, err
+
+
 def test_too_many_prompts_and_too_large_a_batch_are_refused(run, capsys, tmp_path, monkeypatch):
     import lumen.cli.prompts as prompts
 

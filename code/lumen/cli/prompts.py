@@ -57,8 +57,9 @@ def add_prompts_arguments(p: argparse.ArgumentParser, group: argparse._MutuallyE
                           pairs: bool = False) -> None:
     """--prompts FILE (in `group`, beside the options that give one prompt) and --batch-size N."""
     (group or p).add_argument("--prompts", metavar="FILE", type=path_text, help=PAIRS_HELP if pairs else PROMPTS_HELP)
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=BATCH_SIZE,
-                   help="prompts run side by side in one padded batch (memory grows with it)")
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=BATCH_SIZE, metavar="N",
+                   help="with --prompts: prompts run side by side in one padded batch (memory grows with it)"
+                   + ("; each pair's patched copies then run in batches of their own" if pairs else ""))
 
 
 def read_prompts(path: str | Path, tok, context: int, pairs: bool = False) -> list[Prompt]:
