@@ -223,10 +223,12 @@ def test_too_many_prompts_and_too_large_a_batch_are_refused(run, capsys, tmp_pat
     assert len(json.loads(capsys.readouterr().out)["prompts"]) == 4
 
 
-def test_a_missing_prompt_file(run, capsys, tmp_path):
-    assert main(["lens", str(run), "--prompts", str(tmp_path / "none.txt")]) == 2
-    err = capsys.readouterr().err
-    assert "no prompt file at" in err and "none.txt" in err and len(err.strip().splitlines()) == 1
+def test_a_missing_prompt_file_a_folder_and_a_device(run, capsys, tmp_path):
+    for path, message in ((tmp_path / "none.txt", "no prompt file at"), (tmp_path, "is a folder, not a prompt file"),
+                          ("/dev/zero", "/dev/zero is not a regular file")):
+        assert main(["lens", str(run), "--prompts", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.smoke  # (this feature's real-model test in make test)

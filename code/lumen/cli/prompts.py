@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..files import json_object, read_text
-from ..tokenizers import Batch, pad, single_token
+from ..tokenizers import Batch, Tokenizer, pad, single_token
 from .models import path_text
 
 MAX_PROMPTS = 4096               # the most prompts one command reads (split a larger dataset)
@@ -62,9 +62,11 @@ def add_prompts_arguments(p: argparse.ArgumentParser, group: argparse._MutuallyE
                    + ("; each pair's patched copies then run in batches of their own" if pairs else ""))
 
 
-def read_prompts(path: str | Path, tok, context: int, pairs: bool = False) -> list[Prompt]:
+def read_prompts(path: str | Path, tok: Tokenizer, context: int, pairs: bool = False) -> list[Prompt]:
     """The prompts of a file, tokenized and checked (see the module docstring)."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():   # a device or a pipe may never end
+        raise UserError(f"{path} is not a regular file: give a text file of prompts")
     if path.is_file() and path.stat().st_size > MAX_BYTES:
         raise UserError(f"{path} is {path.stat().st_size:,} bytes, more than a command reads ({MAX_BYTES:,}): "
                         "split it into smaller files")
@@ -85,7 +87,8 @@ def read_prompts(path: str | Path, tok, context: int, pairs: bool = False) -> li
         raise UserError(f"{path}, line 1: patch reads pairs, one JSON object a line: "
                         '{"clean": "...", "corrupt": "..."} (answer and wrong optional)')
     fields = PAIR_FIELDS if pairs else PROMPT_FIELDS
-    records = [_record(path, n, t, fields) if jsonl else {"prompt": t} for n, t in enumerate(lines, 1)]
+    records = [_record(path, n, t, fields, 2 if pairs else 1) if jsonl else {"prompt": t}
+               for n, t in enumerate(lines, 1)]
     for key in ("answer", "wrong"):
         given = [key in r for r in records]
         if any(given) and not all(given):
@@ -95,13 +98,13 @@ def read_prompts(path: str | Path, tok, context: int, pairs: bool = False) -> li
     return [_tokenized(path, n, r, tok, context, pairs) for n, r in enumerate(records, 1)]
 
 
-def _record(path: Path, n: int, text: str, fields: Sequence[str]) -> dict:
+def _record(path: Path, n: int, text: str, fields: Sequence[str], n_required: int) -> dict:
     """One JSON line's object, its fields checked: the required ones present, every one a non-empty string."""
     r = json_object(text, path, "prompt", UserError, "give one JSON object a line", line=n)
     unknown = [k for k in r if k not in fields]
     if unknown:
         raise UserError(f"{path}, line {n}: unknown field {unknown[0]!r}; the fields are {', '.join(fields)}")
-    required = fields[:2] if fields is PAIR_FIELDS else fields[:1]
+    required = fields[:n_required]
     for k in required:
         if k not in r:
             raise UserError(f"{path}, line {n}: no {k!r} field; each line needs {' and '.join(map(repr, required))}")
