@@ -127,19 +127,36 @@ def read_json(path: str | Path, what: str, error: type[LumenError] = ModelFileEr
         >>> read_json("runs/x/checkpoints/step-000100/config.json", "model config")   # doctest: +SKIP
     """
     path = Path(path)
-    text = _read_text(path, what, error, fix)
+    return json_object(_read_text(path, what, error, fix), path, what, error, fix)
+
+
+def json_object(text: str, path: str | Path, what: str, error: type[LumenError] = ModelFileError,
+                fix: str = "fix it", line: int | None = None) -> dict:
+    """The JSON object in `text`, the contents of file `path` or, given `line`, that line of a JSON-lines file
+    (one object a line); what is wrong with it is one `error` naming the file, the line and column, as `read_json`."""
+    place = "file" if line is None else "line"
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
-        where = "" if not text.strip() else f", line {e.lineno}, column {e.colno}"
-        reason = "the file is empty" if not text.strip() else _JSON_REASONS.get(e.msg, e.msg.lower())
+        where = "" if not text.strip() else f", line {line or e.lineno}, column {e.colno}"
+        if line is not None and not text.strip():
+            where = f", line {line}"
+        reason = f"the {place} is empty" if not text.strip() else _JSON_REASONS.get(e.msg, e.msg.lower())
         raise error(f"{path}{where}: not valid JSON ({reason}); {fix}") from None
     except RecursionError:
-        raise error(f"{path}: not a {what} file (its JSON is nested too deeply to read); {fix}") from None
+        where = "" if line is None else f", line {line}"
+        raise error(f"{path}{where}: not a {what} {place} (its JSON is nested too deeply to read); {fix}") from None
     if not isinstance(d, dict):
         kind = {list: "a list", str: "a string", type(None): "null", bool: "true or false"}.get(type(d), "a number")
-        raise error(f"{path} holds {kind}, not the JSON object of a {what} file; {fix}")
+        where = "" if line is None else f", line {line},"
+        raise error(f"{path}{where} holds {kind}, not the JSON object of a {what} {place}; {fix}")
     return d
+
+
+def read_text(path: str | Path, what: str, error: type[LumenError] = ModelFileError, fix: str = "fix it") -> str:
+    """A text file lumen is given, as UTF-8 (a leading byte-order mark dropped): a file that is missing,
+    unreadable or not UTF-8 is one `error` naming it (and the line, for bytes that are not UTF-8)."""
+    return _read_text(Path(path), what, error, fix)
 
 
 def read_toml(path: str | Path, what: str, error: type[LumenError] = ConfigError, fix: str = "fix it") -> dict:

@@ -1,8 +1,10 @@
-"""`lumen attribute MODEL --prompt P [--target TOK | --contrast A B] [--position N] [--out DIR] [--json]`:
-which writes into the residual stream made a logit (direct logit attribution, lumen.inspect.attribution).
+"""`lumen attribute MODEL (--prompt P | --prompts FILE) [--target TOK | --contrast A B] [--position N] [--out DIR]
+[--json]`: which writes into the residual stream made a logit (direct logit attribution, lumen.inspect.attribution).
 
 Prints the logit, each block's attention and MLP contribution, and the largest single components (heads
-included); --out writes attribution.json and attribution.png.
+included); --out writes attribution.json and attribution.png. With --prompts, every prompt of the file is
+split at its last token (its answer from the file, the command line, or its own prediction), one line each,
+then the mean of every component over the file, which adds up to the mean logit (lumen.cli.prompts).
 """
 
 from __future__ import annotations
@@ -14,18 +16,22 @@ from pathlib import Path
 from .. import names
 from . import UserError
 from .models import add_model_argument, add_out_argument, at_least, load_with_tokenizer, output_dir
+from .prompts import Prompt, add_prompts_arguments, batches, padded, read_prompts, refuse_with_prompts, with_answers
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help="direct logit attribution: each block's and head's share of a logit")
+    p = sub.add_parser(name, help="direct logit attribution: each block's and head's share of a logit, on a prompt "
+                       "or a file of them")
     add_model_argument(p)
-    p.add_argument("--prompt", required=True, help="the text to read")
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt", help="the text to read")
+    add_prompts_arguments(p, given)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--target", metavar="TOK", help="the token whose logit to split (default: the model's "
                        "own prediction at each position)")
     which.add_argument("--contrast", nargs=2, metavar=("A", "B"),
                        help="split logit[A] - logit[B], e.g. ' Paris' ' Rome'")
-    p.add_argument("--position", type=int, default=-1, help="the position to print (default -1, the last)")
+    p.add_argument("--position", type=int, default=None, help="the position to print (default -1, the last)")
     p.add_argument("--top", type=int, default=10, help="how many of the largest components to list (default 10)")
     add_out_argument(p, "write attribution.json and attribution.png here")
     p.add_argument("--json", action="store_true", help="print JSON (every position) instead of the table")
@@ -44,17 +50,28 @@ def targets(tok, target: str | None, contrast: list[str] | None) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect.attribution import attribute, top_components
+    from ..inspect.attribution import attribute
 
     at_least(args, "top")
+    if args.prompts:
+        refuse_with_prompts("--position", args.position is not None)
+        refuse_with_prompts("--out", args.out is not None)
+    position = -1 if args.position is None else args.position
     if args.out is not None:
         output_dir(args.out)
     model, tok = load_with_tokenizer(args.model)
+    if args.prompts:
+        prompts = read_prompts(args.prompts, tok, model.cfg.context)
+        given = targets(tok, args.target, args.contrast)
+        if given:
+            pair = given.get("contrast", (given.get("target"), None))
+            prompts = with_answers(prompts, pair[0], pair[1], args.prompts)
+        return run_prompts(args, model.eval(), tok, prompts)
     ids = tok.encode(args.prompt)
     if not ids:
         raise UserError("--prompt is empty: give some text")
-    if not -len(ids) <= args.position < len(ids):
-        raise UserError(f"--position {args.position} is outside the prompt's {len(ids)} tokens")
+    if not -len(ids) <= position < len(ids):
+        raise UserError(f"--position {position} is outside the prompt's {len(ids)} tokens")
     a = attribute(model.eval(), ids, tokenizer=tok, **targets(tok, args.target, args.contrast))
     data = a.to_dict(lambda i: tok.decode([i]))
     if args.out:
@@ -63,15 +80,25 @@ def run(args: argparse.Namespace) -> int:
 
         out = Path(args.out)
         write_text(out / "attribution.json", json.dumps(data, ensure_ascii=False))
-        attribution_plot(a, out / "attribution.png", args.position, title=f"{model.cfg.name}: {args.prompt!r}")
+        attribution_plot(a, out / "attribution.png", position, title=f"{model.cfg.name}: {args.prompt!r}")
     if args.json:
         print(json.dumps(data, ensure_ascii=False))
         return 0
-    t = args.position % len(ids)
+    t = position % len(ids)
     what = (f"logit[{data['target'][t]!r}] - logit[{data['minus'][t]!r}]" if a.minus is not None
             else f"logit[{data['target'][t]!r}]")
     print(f"{what} at position {t} ({a.tokens[t]!r}) = {float(a.logit[t]):.4f}; "
           f"the components sum to {float(a.values[:, t].sum()):.4f}")
+    print_components(a, t, args.top)
+    if args.out:
+        print(f"wrote {args.out}/attribution.json, attribution.png")
+    return 0
+
+
+def print_components(a, t: int, top: int) -> None:
+    """Position t of an attribution: the embedding and bias rows, each block's attention and MLP, the largest parts."""
+    from ..inspect.attribution import top_components
+
     for name in a.components:
         if not name.startswith("blocks."):
             print(f"{name:>12} {float(a.row(name)[t]):>+9.4f}")
@@ -81,9 +108,63 @@ def run(args: argparse.Namespace) -> int:
         attn, mlp = float(a.row(names.write(i, "attn"))[t]), float(a.row(names.write(i, "mlp"))[t])
         print(f"{i:>12} {attn:>+9.4f} {mlp:>+9.4f}"
               f"  head {h} {float(a.heads[i, h, t]):+.4f}")
-    print(f"\nthe {args.top} largest components:")
-    for name, v in top_components(a, t, args.top):
+    print(f"\nthe {top} largest components:")
+    for name, v in top_components(a, t, top):
         print(f"  {names.display(name):<22} {v:+.4f}")
-    if args.out:
-        print(f"wrote {args.out}/attribution.json, attribution.png")
+
+
+def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt]) -> int:
+    """Attribution of every prompt of a file at its last token, batch by batch, then the mean of each component."""
+    import torch
+
+    from ..inspect.attribution import Attribution, attribute
+
+    found: list[Attribution] = []
+    for group in batches(prompts, args.batch_size, model.cfg.vocab_size):
+        answers = [p.answer for p in group]
+        if group[0].wrong is not None:
+            kw: dict = {"contrast": (answers, [p.wrong for p in group])}
+        else:
+            kw = {"target": answers} if group[0].answer is not None else {}
+        found += attribute(model, padded(group).to(model.device), tokenizer=tok, **kw)
+    rows = [_last(p, a, tok) for p, a in zip(prompts, found)]
+    n = len(found)
+    mean = Attribution([-1], ["(mean)"], [], None, found[0].components,   # one position, the dataset's mean
+                       torch.stack([a.values[:, -1] for a in found]).mean(0)[:, None],
+                       torch.stack([a.heads[..., -1] for a in found]).mean(0)[..., None],
+                       torch.stack([a.attn_bias[:, -1] for a in found]).mean(0)[:, None],
+                       torch.stack([a.logit[-1] for a in found]).double().mean()[None])
+    answered = prompts[0].answer is not None
+    what = ("logit[answer] - logit[wrong]" if prompts[0].wrong is not None else "logit[answer]") if answered \
+        else "logit[the model's own top-1]"
+    if args.json:
+        print(json.dumps({"file": str(args.prompts), "what": what, "prompts": rows,
+                          "mean": _summary(mean, 0)}, ensure_ascii=False))
+        return 0
+    print(f"direct logit attribution on {n} prompts of {args.prompts}, at each prompt's last token")
+    for r in rows:
+        parts = ", ".join(f"{names.display(c)} {v:+.4f}" for c, v in r["top"][:3])
+        print(f"line {r['line']:>4}: {r['what']} = {r['logit']:.4f}; largest: {parts}")
+    print(f"\nmean over the {n} prompts: {what} = {float(mean.logit[0]):.4f}; the mean components sum to "
+          f"{float(mean.values[:, 0].sum()):.4f}")
+    print_components(mean, 0, args.top)
     return 0
+
+
+def _summary(a, t: int) -> dict:
+    """Position t of an attribution as plain numbers: the logit, every component, every head, the largest parts."""
+    from ..inspect.attribution import top_components
+
+    return {"logit": round(float(a.logit[t]), 6),
+            "components": {c: round(float(v[t]), 6) for c, v in zip(a.components, a.values)},
+            "heads": [[round(float(x), 6) for x in layer] for layer in a.heads[..., t]],
+            "attn_bias": [round(float(x), 6) for x in a.attn_bias[:, t]],
+            "top": [[c, round(v, 6)] for c, v in top_components(a, t, 10)]}
+
+
+def _last(p: Prompt, a, tok) -> dict:
+    """One prompt's row: its line, text and target tokens, and its attribution at its last token."""
+    t = len(a.ids) - 1
+    target, minus = tok.decode([a.target[t]]), tok.decode([a.minus[t]]) if a.minus is not None else None
+    what = f"logit[{target!r}] - logit[{minus!r}]" if minus is not None else f"logit[{target!r}]"
+    return {"line": p.line, "prompt": p.text, "target": target, "minus": minus, "what": what, **_summary(a, t)}

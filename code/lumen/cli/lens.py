@@ -1,7 +1,11 @@
-"""`lumen lens MODEL --prompt TEXT [--tuned PATH] [--out DIR] [--json]`: what the stream predicts after each block.
+"""`lumen lens MODEL (--prompt TEXT | --prompts FILE) [--answer TOK [--wrong TOK]] [--tuned PATH] [--out DIR] [--json]`:
+what the stream predicts after each block.
 
-Prints a table (embed and every block x the last positions: top-1 token and probability); --out writes lens.png (the
-heatmap), kl.png (KL to the final output after each block), lens.html (hover a cell for the top-k) and lens.json.
+Prints a table (embed and every block x the last positions: top-1 token and probability; with --answer, the
+logit of the answer, or logit[answer] - logit[wrong], read after each block at the last position); --out
+writes lens.png (the heatmap), kl.png (KL to the final output after each block), lens.html (hover a cell for
+the top-k) and lens.json. With --prompts, every prompt of the file is read at its last token, one line each,
+then the mean over the file per layer (lumen.cli.prompts).
 """
 
 from __future__ import annotations
@@ -10,17 +14,26 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
 from .. import names
 from .models import add_model_argument, add_out_argument, at_least, load_with_tokenizer, output_dir
+from .prompts import Prompt, add_prompts_arguments, batches, padded, read_prompts, refuse_with_prompts, with_answers
 
 TABLE_POSITIONS = 6
 LENS_FILE = "tuned-lens.safetensors"   # the file name in a folder written by `lumen tuned-lens train --out`
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help="logit lens (or a tuned lens) on one prompt: the prediction after each block")
+    p = sub.add_parser(name, help="logit lens (or a tuned lens) on a prompt or a file of them: the prediction "
+                       "after each block")
     add_model_argument(p)
-    p.add_argument("--prompt", required=True, help="the text to read")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--prompt", help="the text to read")
+    add_prompts_arguments(p, which)
+    p.add_argument("--answer", metavar="TOK", help="also read logit[TOK] after each block at the last position, "
+                   "e.g. ' Paris' (one token)")
+    p.add_argument("--wrong", metavar="TOK", help="with --answer: read logit[answer] - logit[TOK] instead")
     p.add_argument("--tuned", metavar="PATH",
                    help="a tuned lens for this model: the folder `lumen tuned-lens train` wrote, or its .safetensors")
     p.add_argument("--top-tokens", dest="top_tokens", type=int, default=5,
@@ -32,32 +45,52 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect.lens import LogitLens, logit_lens
+    from ..inspect.lens import Lens, LogitLens, logit_lens
     from ..inspect.tuned_lens import TunedLens
     from ..report.figures import visible
     from . import UserError
 
     at_least(args, "top_tokens")
+    if args.wrong is not None and args.answer is None:
+        raise UserError("--wrong needs --answer: the lens reads logit[answer] - logit[wrong]")
+    if args.prompts:
+        refuse_with_prompts("--out", args.out is not None)
     out = output_dir(args.out) if args.out else None
     model, tok = load_with_tokenizer(args.model)
+    answer = tok.single_token(args.answer, "--answer") if args.answer is not None else None
+    wrong = tok.single_token(args.wrong, "--wrong") if args.wrong is not None else None
+    if answer is not None and answer == wrong:
+        raise UserError(f"--answer and --wrong are both {args.answer!r}: give two different tokens")
+    lenses: dict[str, Lens] = {"logit lens": LogitLens(model)}
+    if args.tuned:
+        lenses["tuned lens"] = TunedLens.load(lens_file(args.tuned), model)
+    main_name = "tuned lens" if args.tuned else "logit lens"
+    if args.prompts:
+        prompts = with_answers(read_prompts(args.prompts, tok, model.cfg.context), answer, wrong, args.prompts)
+        return run_prompts(args, model, tok, prompts, lenses[main_name], main_name)
     ids = tok.encode(args.prompt)
     if not ids:
         raise UserError("--prompt is empty: give some text")
     if len(ids) > model.cfg.context:
         raise UserError(f"--prompt is {len(ids)} tokens, which exceeds the model's context of {model.cfg.context} "
                         "(give a shorter prompt)")
-    results = {"logit lens": logit_lens(model, ids, LogitLens(model), args.top_tokens, tok)}
-    if args.tuned:
-        results["tuned lens"] = logit_lens(model, ids, TunedLens.load(lens_file(args.tuned), model),
-                                           args.top_tokens, tok)
-    main_name = "tuned lens" if args.tuned else "logit lens"
+    results = {name: logit_lens(model, ids, lens, args.top_tokens, tok) for name, lens in lenses.items()}
     result = results[main_name]
+    reading = None
+    if answer is not None:
+        reading = readings(model, lenses[main_name], torch.tensor([ids]), [answer], [wrong] if wrong is not None
+                           else None)[:, 0]                                              # (layers + 1, T)
     if out:
         write_outputs(out, results, main_name)
     if args.json:
-        print(json.dumps({name: r.to_dict() for name, r in results.items()}, ensure_ascii=False))
+        data = {name: r.to_dict() for name, r in results.items()}
+        if reading is not None:
+            data[main_name]["answer"] = {"what": reading_name(tok, answer, wrong),
+                                         "values": [[round(float(x), 6) for x in row] for row in reading]}
+        print(json.dumps(data, ensure_ascii=False))
         return 0
-    print_table(result, main_name)
+    print_table(result, main_name, reading[:, -1] if reading is not None else None,
+                reading_name(tok, answer, wrong) if answer is not None else "")
     first = result.first_top1_layer()
     word = visible(result.vocab_of(int(result.top_ids[-1, -1, 0])))
     print(f"the final top-1 {word!r} first becomes top-1 after {names.stream(first)} "
@@ -67,25 +100,107 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def readings(model, lens, idx, answers: list[int], wrongs: list[int] | None) -> torch.Tensor:
+    """(layers + 1, B, T): logit[answer] (minus logit[wrong]) read through the lens after the embedding and every
+    block (the accumulated stream, each row with its own norm scale), one answer (and wrong token) per prompt."""
+    from ..inspect.stack import accumulated
+
+    with torch.no_grad():
+        stack = accumulated(model, idx, lens=lens)
+        a = torch.tensor(answers)
+        if wrongs is not None:
+            return stack.logit_diff(a, torch.tensor(wrongs))
+        return stack.logits(a).diagonal(dim1=1, dim2=3).permute(0, 2, 1)   # each prompt's own answer
+
+
+def reading_name(tok, answer: int | None, wrong: int | None) -> str:
+    if answer is None:
+        return ""
+    if wrong is None:
+        return f"logit[{tok.decode([answer])!r}]"
+    return f"logit[{tok.decode([answer])!r}] - logit[{tok.decode([wrong])!r}]"
+
+
+def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt], lens, name: str) -> int:
+    """The lens on every prompt of a file, batch by batch: each prompt at its last token, then the mean per layer."""
+    from ..inspect.lens import LensResult, logit_lens
+
+    found: list[LensResult] = []
+    values: list[torch.Tensor] = []          # each prompt's (layers + 1,) reading of its answer
+    answered = prompts[0].answer is not None
+    for group in batches(prompts, args.batch_size, model.cfg.vocab_size):
+        batch = padded(group).to(model.device)
+        found += logit_lens(model, batch, lens, args.top_tokens, tok)
+        if answered:
+            wrongs = [int(p.wrong) for p in group if p.wrong is not None] or None
+            reading = readings(model, lens, batch, [int(p.answer) for p in group if p.answer is not None], wrongs)
+            values += [reading[:, b, int(batch.last[b])].cpu() for b in range(len(group))]
+    kl = torch.stack([r.kl[:, -1] for r in found])                                     # (n, layers + 1)
+    agree = torch.stack([r.top_ids[:, -1, 0] == r.top_ids[-1, -1, 0] for r in found]).double()
+    first = torch.tensor([r.first_top1_layer() for r in found], dtype=torch.float64)
+    rows = []
+    for i, (p, r) in enumerate(zip(prompts, found)):
+        row = {"line": p.line, "prompt": p.text, "tokens": r.tokens, "final": r.vocab_of(int(r.top_ids[-1, -1, 0])),
+               "first_top1": r.first_top1_layer(), "top1": [r.vocab_of(int(t)) for t in r.top_ids[:, -1, 0]],
+               "top1_prob": _rounded(r.top_probs[:, -1, 0]), "kl": _rounded(r.kl[:, -1])}
+        if answered:
+            row |= {"what": reading_name(tok, p.answer, p.wrong), "values": _rounded(values[i])}
+        rows.append(row)
+    mean = {"kl": _rounded(kl.double().mean(0)), "top1_is_final": _rounded(agree.mean(0)),
+            "first_top1": round(float(first.mean()), 6)}
+    if answered:
+        mean["values"] = _rounded(torch.stack(values).double().mean(0))
+    what = ("logit[answer] - logit[wrong]" if prompts[0].wrong is not None else "logit[answer]") if answered else None
+    if args.json:
+        print(json.dumps({"lens": name, "file": str(args.prompts), "what": what, "prompts": rows, "mean": mean},
+                         ensure_ascii=False))
+        return 0
+    n, L = len(found), kl.size(1)
+    print(f"{name} on {n} prompts of {args.prompts}, read at each prompt's last token")
+    print(f"{'line':>6}  {'final top-1':<16}{'prob':>6}  {'first top-1 after':<18}"
+          + (f"  {what} after the last block" if answered else ""))
+    for i, (p, r) in enumerate(zip(prompts, found)):
+        word = _clip(r.vocab_of(int(r.top_ids[-1, -1, 0])), 14)
+        tail = f"  {float(values[i][-1]):+.4f}" if answered else ""
+        print(f"{p.line:>6}  {word:<16}{float(r.top_probs[-1, -1, 0]):>6.2f}  "
+              f"{names.stream(r.first_top1_layer()):<18}{tail}")
+    print(f"\nmean over the {n} prompts, per layer (the final top-1 first becomes top-1 after "
+          f"{float(first.mean()):.1f} blocks on average):")
+    print(f"{'after':>9}  {'KL(last)':>9}  {'top-1 = final':>13}" + (f"  {what}" if answered else ""))
+    mean_values = torch.stack(values).double().mean(0) if answered else None
+    for layer in range(L - 1, -1, -1):
+        tail = f"  {float(mean_values[layer]):+.4f}" if mean_values is not None else ""
+        print(f"{names.stream(layer):>9}  {float(kl[:, layer].double().mean()):>9.3f}  "
+              f"{float(agree[:, layer].mean()):>13.2f}{tail}")
+    return 0
+
+
+def _rounded(x: torch.Tensor) -> list[float]:
+    return [round(float(v), 6) for v in x]
+
+
 def lens_file(path: str) -> Path:
     """A tuned lens: its .safetensors file, or the folder `lumen tuned-lens train --out` wrote it into."""
     p = Path(path)
     return p / LENS_FILE if p.is_dir() else p
 
 
-def print_table(result, name: str) -> None:
+def print_table(result, name: str, reading: torch.Tensor | None = None, what: str = "") -> None:
+    """The table: top-1 per layer at the last positions, KL at the last one, and the answer's reading (layers + 1,)."""
     T = len(result.tokens)
     cols = list(range(max(0, T - TABLE_POSITIONS), T))
     width = 16
     print(f"{name}: top-1 next token (probability) read after the embedding and after each block; "
-          "KL to the final output at the last position")
-    print(f"{'after':>9}  " + "".join(f"{_clip(result.tokens[t], width):<{width}}" for t in cols) + "KL(last)")
+          "KL to the final output at the last position" + (f"; {what} there" if reading is not None else ""))
+    print(f"{'after':>9}  " + "".join(f"{_clip(result.tokens[t], width):<{width}}" for t in cols) + "KL(last)"
+          + (f"  {what}" if reading is not None else ""))
     for layer in range(result.n_layers, -1, -1):
         cells = []
         for t in cols:
             word = _clip(result.vocab_of(int(result.top_ids[layer, t, 0])), width - 8)
             cells.append(f"{word} {float(result.top_probs[layer, t, 0]):.2f}".ljust(width))
-        print(f"{names.stream(layer):>9}  " + "".join(cells) + f"{float(result.kl[layer, -1]):.3f}")
+        tail = f"  {float(reading[layer]):+.4f}" if reading is not None else ""
+        print(f"{names.stream(layer):>9}  " + "".join(cells) + f"{float(result.kl[layer, -1]):.3f}{tail}")
 
 
 def _clip(text: str, n: int) -> str:

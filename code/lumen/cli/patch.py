@@ -1,7 +1,9 @@
-"""`lumen patch MODEL --clean P --corrupt Q [--metric logit-diff|logprob] [--answer TOK --wrong TOK]`:
-activation patching (lumen.inspect.patching). Copy each site of the clean run into the corrupted one and
-print how much of the clean metric comes back (0..1), per block and position; --out writes patching.json
-and patching.png.
+"""`lumen patch MODEL (--clean P --corrupt Q | --prompts FILE) [--metric logit-diff|logprob]
+[--answer TOK --wrong TOK]`: activation patching (lumen.inspect.patching). Copy each site of the clean run
+into the corrupted one and print how much of the clean metric comes back (0..1), per block and position;
+--out writes patching.json and patching.png. With --prompts, a JSON-lines file of pairs: each pair's metric
+and its most restoring sites, then the maps of the whole dataset (the mean patched metric against the mean
+clean and corrupt ones, positions counted from each pair's last token; lumen.inspect.patching.PatchingSet).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from . import UserError
 from .models import add_model_argument, add_out_argument, load_with_tokenizer, output_dir
+from .prompts import Prompt, add_prompts_arguments, batches, padded, read_prompts, refuse_with_prompts, with_answers
 
 METRICS = ("logit-diff", "logprob")
 KINDS = ("resid_pre", "attn_out", "mlp_out", "head")
@@ -20,8 +23,9 @@ KINDS = ("resid_pre", "attn_out", "mlp_out", "head")
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="activation patching: which sites carry the clean prompt's answer")
     add_model_argument(p)
-    p.add_argument("--clean", required=True, help="the prompt whose activations are copied")
-    p.add_argument("--corrupt", required=True, help="a prompt of the same token length that is patched")
+    p.add_argument("--clean", help="the prompt whose activations are copied")
+    p.add_argument("--corrupt", help="a prompt of the same token length that is patched")
+    add_prompts_arguments(p, pairs=True)
     p.add_argument("--metric", choices=METRICS, default="logit-diff",
                    help="logit-diff: logit[answer] - logit[wrong] (default); logprob: log p(answer)")
     p.add_argument("--answer", metavar="TOK", help="the clean answer (default: the clean prompt's prediction)")
@@ -49,17 +53,24 @@ def answers(model, tok, clean: list[int], corrupt: list[int], answer: str | None
 def run(args: argparse.Namespace) -> int:
     from ..inspect.patching import logit_diff, logprob, patching_maps
 
+    if args.prompts:
+        refuse_with_prompts("--clean", args.clean is not None)
+        refuse_with_prompts("--corrupt", args.corrupt is not None)
+        refuse_with_prompts("--out", args.out is not None)
+    elif args.clean is None or args.corrupt is None:
+        raise UserError("give --clean and --corrupt (a pair of prompts), or --prompts FILE (a dataset of pairs)")
     if args.out is not None:
         output_dir(args.out)
     model, tok = load_with_tokenizer(args.model)
+    if args.prompts:
+        return run_prompts(args, model.eval(), tok)
     clean, corrupt = tok.encode(args.clean), tok.encode(args.corrupt)
     if not clean or len(clean) != len(corrupt):
         raise UserError(f"--clean and --corrupt must be non-empty and the same number of tokens: "
                         f"{[tok.decode([i]) for i in clean]} vs {[tok.decode([i]) for i in corrupt]}")
     a, b = answers(model.eval(), tok, clean, corrupt, args.answer, args.wrong)
     metric = logit_diff(a, b) if args.metric == "logit-diff" else logprob(a)
-    name = (f"logit[{tok.decode([a])!r}] - logit[{tok.decode([b])!r}]" if args.metric == "logit-diff"
-            else f"log p({tok.decode([a])!r})")
+    name = metric_name(tok, args.metric, a, b)
     r = patching_maps(model, clean, corrupt, metric, kinds=args.kinds, tokenizer=tok, metric_name=name)
     data = r.to_dict()
     if args.out:
@@ -74,15 +85,101 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{name}: clean {r.clean_metric:.4f}, corrupt {r.corrupt_metric:.4f}; "
           "each cell: the fraction of the difference a patch restores")
-    for kind, m in r.maps.items():
-        cols = [f"h{h}" for h in range(m.size(1))] if kind == "head" else r.clean_tokens
+    print_maps(r.maps, r.clean_tokens)
+    if args.out:
+        print(f"\nwrote {args.out}/patching.json, patching.png")
+    return 0
+
+
+def metric_name(tok, metric: str, a: int, b: int | None) -> str:
+    if metric == "logit-diff":
+        return f"logit[{tok.decode([a])!r}] - logit[{tok.decode([b])!r}]"
+    return f"log p({tok.decode([a])!r})"
+
+
+def print_maps(maps: dict, columns: list[str]) -> None:
+    """Each kind's map as a table: a row per block, a column per position (or per head)."""
+    for kind, m in maps.items():
+        cols = [f"h{h}" for h in range(m.size(1))] if kind == "head" else columns[-m.size(-1):]
         print(f"\n{kind}:")
         print(f"{'block':>6} " + "".join(f"{_clip(c):>9}" for c in cols))
         for i in range(m.size(0)):
             print(f"{i:>6} " + "".join(f"{float(v):>9.2f}" for v in m[i]))
-    if args.out:
-        print(f"\nwrote {args.out}/patching.json, patching.png")
+
+
+def run_prompts(args: argparse.Namespace, model, tok) -> int:
+    """Patching on every pair of a file, batch by batch: each pair's metric and its best sites, then the mean maps."""
+    from ..inspect.patching import PatchingSet, logit_diff, logprob, patching_maps
+    from ..tokenizers import single_token
+
+    prompts = read_prompts(args.prompts, tok, model.cfg.context, pairs=True)
+    answer = single_token(tok, args.answer, "--answer") if args.answer else None
+    wrong = single_token(tok, args.wrong, "--wrong") if args.wrong else None
+    prompts = with_answers(prompts, answer, wrong, args.prompts)
+    found = []
+    for group in batches(prompts, args.batch_size, model.cfg.vocab_size):
+        pairs = [_answers(args, model, tok, p, own) for p, own in zip(group, _predictions(model, group))]
+        metrics = [logit_diff(a, b) if args.metric == "logit-diff" else logprob(a) for a, b in pairs]
+        try:
+            result = patching_maps(model, padded(group).to(model.device), padded(group, corrupt=True).to(model.device),
+                                   metrics, kinds=args.kinds, tokenizer=tok)
+        except UserError as e:
+            lines = ", ".join(str(p.line) for p in group)
+            raise UserError(f"{args.prompts}, the pairs of lines {lines}: {e}") from None
+        for r, (a, b) in zip(result.pairs, pairs):
+            r.metric_name = metric_name(tok, args.metric, a, b)
+        found += result.pairs
+    dataset = PatchingSet(found)
+    name = "logit[answer] - logit[wrong]" if args.metric == "logit-diff" else "log p(answer)"
+    if args.json:
+        data = dataset.to_dict()
+        data["metric"] = name
+        data["file"] = str(args.prompts)
+        for d, p in zip(data["pairs"], prompts):
+            d["line"] = p.line
+        print(json.dumps(data, ensure_ascii=False))
+        return 0
+    print(f"activation patching on {len(found)} pairs of {args.prompts}: the fraction of clean - corrupt each site "
+          "restores")
+    for p, r in zip(prompts, found):
+        best = []
+        for kind, m in r.maps.items():
+            at = int(m.flatten().argmax())
+            cell = (f"block {at // m.size(1)} head {at % m.size(1)}" if kind == "head" else
+                    f"block {at // m.size(1)} at {_clip(r.clean_tokens[at % m.size(1)])!r}")
+            best.append(f"{kind} {cell} {float(m.flatten()[at]):.2f}")
+        print(f"line {p.line:>4}: {r.metric_name}: clean {r.clean_metric:.4f}, corrupt {r.corrupt_metric:.4f}; "
+              f"most restored: {'; '.join(best)}")
+    clean = sum(r.clean_metric for r in found) / len(found)
+    corrupt = sum(r.corrupt_metric for r in found) / len(found)
+    print(f"\nmean over the {len(found)} pairs ({name}): clean {clean:.4f}, corrupt {corrupt:.4f}; each cell: "
+          "(mean patched - mean corrupt) / (mean clean - mean corrupt); positions counted from each pair's end")
+    T = min(len(p.ids) for p in prompts)
+    print_maps({kind: dataset.mean(kind) for kind in found[0].maps}, [str(t) for t in range(-T, 0)])
     return 0
+
+
+def _predictions(model, group: list[Prompt]) -> list[tuple[int, int]]:
+    """Each pair's own next-token predictions at its last token: (clean, corrupt)."""
+    import torch
+
+    found = []
+    with torch.no_grad():
+        for corrupt in (False, True):
+            b = padded(group, corrupt).to(model.device)
+            logits, _ = model(b.ids, mask=b.mask)
+            found.append(logits[torch.arange(len(b)), b.last].argmax(-1).tolist())
+    return list(zip(*found))
+
+
+def _answers(args: argparse.Namespace, model, tok, p: Prompt, own: tuple[int, int]) -> tuple[int, int]:
+    """A pair's answer and wrong token: the file's (or the command line's), else each prompt's own prediction."""
+    a = p.answer if p.answer is not None else own[0]
+    b = p.wrong if p.wrong is not None else own[1]
+    if args.metric == "logit-diff" and a == b:
+        raise UserError(f"{args.prompts}, line {p.line}: the answer and the wrong token are both {tok.decode([a])!r}: "
+                        "give \"answer\" and \"wrong\" in the file")
+    return a, b
 
 
 def _clip(text: str, n: int = 8) -> str:
