@@ -76,17 +76,20 @@ class Stack:
         bias = self.readout.bias
         return x if self.shared or bias is None else x + bias
 
+    @torch.no_grad()
     def logits(self, tokens: Tokens) -> torch.Tensor:
         """(C, B, T, n): each row's share of the logits of the given tokens (float64)."""
         u = self.readout.directions(tokens).double()                             # (n, d)
         return torch.einsum("cbtd,nd->cbtn", self.normed().double(), u)
 
+    @torch.no_grad()
     def logit_diff(self, a: Tokens, b: Tokens) -> torch.Tensor:
         """(C, B, T): each row's share of logit[a] - logit[b] (float64); a and b token ids, or one per
         prompt of the batch ((B,) each)."""
         u = self._direction(a, b)
         return (self.normed().double() * u).sum(-1)
 
+    @torch.no_grad()
     def bias_share(self, a: Tokens, b: Tokens | None = None) -> torch.Tensor | None:
         """(B, T) or (B, T, n): what the norm's bias adds to logit[a] (minus logit[b]) once; None without a bias."""
         if self.readout.bias is None:
