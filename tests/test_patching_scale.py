@@ -299,11 +299,20 @@ def test_attribution_patching_against_exact_on_smollm2(smollm2, smollm2_tokenize
     est = attribution_patching(smollm2, clean, corrupt, metric, kinds=kinds)
     assert exact.clean_metric > 0 > exact.corrupt_metric   # clean prefers " Mary", corrupt " John"
     assert est.clean_metric == pytest.approx(exact.clean_metric, abs=1e-4)
-    found = {k: correlation(est.maps[k], exact.maps[k]) for k in kinds}
+    first = int((clean != corrupt).int().argmax())   # 9: the second name; before it both runs agree
+    assert exact.maps["resid_pre"][:, :first].abs().max() < 1e-6 and est.maps["resid_pre"][:, :first].abs().max() < 1e-6
+    # compared over the cells that can differ (from the first changed position on; the head maps have no positions)
+    cells = {k: (slice(None),) if k == "head" else (slice(None), slice(first, None)) for k in kinds}
+    found = {k: correlation(est.maps[k][cells[k]], exact.maps[k][cells[k]]) for k in kinds}
     print("attribution patching against exact, correlation per map:", found)
-    # measured: resid_pre 0.84, attn_out 0.98, mlp_out 0.83, head 0.98 (the stream and the MLPs are where a
-    # patch moves nonlinearities far); asserted with a margin
+    # the bounds sit a margin below what this pair gives: close on the writes of attention, looser on the stream
+    # and the MLPs, where a patch moves a nonlinearity far (the stream entering block 0 at the second name
+    # restores all of the clean answer, and is estimated at a fraction of it)
     assert found["attn_out"] > 0.95 and found["head"] > 0.95
     assert found["resid_pre"] > 0.75 and found["mlp_out"] > 0.75
-    # both see the stream at the first block restoring all of the clean answer from the positions that differ
-    assert exact.maps["resid_pre"][0, 9] == pytest.approx(1.0, abs=1e-4)
+    assert exact.maps["resid_pre"][0, first] == pytest.approx(1.0, abs=1e-4)
+    for k in kinds:   # the sign of every cell that matters (restores over 5%) is right
+        e, a = exact.maps[k][cells[k]], est.maps[k][cells[k]]
+        assert ((e.sign() == a.sign()) | (e.abs() < 0.05)).all(), k
+    # and the head that matters most is the same one
+    assert int(est.maps["head"].argmax()) == int(exact.maps["head"].argmax())
