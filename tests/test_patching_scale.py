@@ -183,12 +183,12 @@ def test_attribution_patching_is_the_derivative_along_clean_minus_corrupt(family
 TOK, POS, SEND, OTHER, OUT = slice(0, 4), slice(4, 8), slice(8, 10), slice(10, 12), slice(12, 16)
 
 
-def known_paths() -> GPT:
+def known_paths(qk_read_send: bool = False) -> GPT:
     """Two attention-only blocks, no norms, the stream cut into subspaces: tokens (TOK), positions (POS);
     head (0, 0) reads the tokens and writes into SEND, head (0, 1) writes into OTHER; head (1, 0) reads its
     values from SEND only (its queries and keys from TOK and POS), head (1, 1) reads TOK, POS and OTHER; both
     write into OUT, the only part the unembedding reads. So (0, 0) acts on the logits only through the values
-    of (1, 0), and (0, 1) only through (1, 1)."""
+    of (1, 0), and (0, 1) only through (1, 1). qk_read_send: (1, 0)'s queries and keys read SEND too."""
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=V, context=16, d_model=16, n_layers=2, n_heads=2, d_ff=8, bias=False,
                       tie_embeddings=False, name="known-paths")
@@ -218,6 +218,9 @@ def known_paths() -> GPT:
         a0.out.weight[SEND, 0:hd] = rand(2, hd)
         a0.out.weight[OTHER, hd:] = rand(2, hd)
         a1.v.weight[0:hd, SEND] = rand(hd, 2)
+        if qk_read_send:
+            a1.q.weight[0:hd, SEND] = rand(hd, 2) * 0.5
+            a1.k.weight[0:hd, SEND] = rand(hd, 2) * 0.5
         a1.v.weight[hd:, 0:8] = rand(hd, 8)
         a1.v.weight[hd:, OTHER] = rand(hd, 2)
         model.lm_head.weight[:, OUT] = rand(V, 4)
@@ -277,6 +280,31 @@ def test_path_patching_finds_the_known_paths():
     assert all(abs(e) < 1e-6 for e in each[:2])            # before the first changed token: nothing changed
     # the pattern of (1, 0) does not depend on its values, so the effect is linear in them: the positions add up
     assert sum(each) == pytest.approx(head(0, 0), abs=1e-4)
+
+
+def test_path_patching_to_queries_keys_and_values_against_the_runs_by_hand():
+    """With (1, 0) reading the sender in its queries, keys and values, the path to each alone: the corrupted run
+    with that input of (1, 0) set to what it reads when the sender's output is clean. In this model that
+    input is the corrupted run's plus the sender's new write read through W_Q, W_K or W_V (the stream before
+    block 1 is the embedding plus block 0's writes)."""
+    model = known_paths(qk_read_send=True)
+    clean, corrupt = pair(T=8, changed=(2, 4))
+    metric = logit_diff(5, 9)
+    a0, a1 = model.attention(0), model.attention(1)
+    inputs = {k: names.activation(1, k) for k in ("q", "k", "v")}
+    _, cache = run_with_cache(model, torch.stack([clean, corrupt]), [Z0, *inputs.values()])
+    with torch.no_grad():
+        write = (cache[Z0][0][:, 0] - cache[Z0][1][:, 0]) @ a0.out.weight[:, 0:8].T    # (T, d): (0, 0)'s new write
+        m_clean, m_corrupt = (float(metric(model(x[None])[0][0, -1])) for x in (clean, corrupt))
+    found = {}
+    for kind, name in inputs.items():
+        sent = cache[name][1][:, 0] + write @ getattr(a1, kind).weight[0:8].T
+        z = pasted(model, corrupt, [(name, where(kind, None, 0), sent)])
+        want = (float(metric(z)) - m_corrupt) / (m_clean - m_corrupt)
+        got = path_patching(model, clean, corrupt, metric, [Site(kind, 1, None, 0)], senders=[(0, 0)]).maps["head"]
+        assert float(got[0, 0]) == pytest.approx(want, abs=1e-5), kind
+        found[kind] = want
+    assert min(abs(v) for v in found.values()) > 0.01   # each path carries something
 
 
 # --- 2. SmolLM2 on the IOI pair (slow) -----------------------------------------------------------------------
