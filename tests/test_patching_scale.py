@@ -307,6 +307,58 @@ def test_path_patching_to_queries_keys_and_values_against_the_runs_by_hand():
     assert min(abs(v) for v in found.values()) > 0.01   # each path carries something
 
 
+@torch.no_grad()
+def run_rows(model, corrupt, rows, record=()):
+    """One copy of the corrupted prompt per row, each row a list of (name, index, values) to paste; the logits
+    at the last position and, per name in `record`, that activation of every copy (as pasted)."""
+    kept = {}
+
+    def paste(a, name):
+        a = a.clone()
+        for r, cells in enumerate(rows):
+            for cell_name, at, value in cells:
+                if cell_name == name:
+                    a[r][at] = value
+        if name in record:
+            kept[name] = a.clone()
+        return a
+
+    sites = {c[0] for cells in rows for c in cells} | set(record)
+    logits = run_with_hooks(model, corrupt[None].expand(len(rows), -1), [(n, paste) for n in sites])
+    return logits[:, -1], kept
+
+
+@pytest.mark.parametrize("family", ["gpt2", "baby-llama"])
+def test_path_patching_is_its_two_runs_written_out(family):
+    """The definition on a model with norms and MLPs (and grouped-query attention): run 1, the sender's output
+    clean and every later head's as corrupted, recording the receivers' inputs; run 2, those inputs pasted
+    into the corrupted run. Or, with the read-out as receiver, run 1's metric itself."""
+    model = tiny_preset(family, scale=3.0)
+    clean, corrupt = pair()
+    metric = logit_diff(5, 9)
+    L, H = len(model.blocks), model.attention(0).n_heads
+    zs = [names.activation(i, "z") for i in range(L)]
+    receivers = {"v": [Site("v", 1, None, 1)], "q at the last": [Site("q", 1, -1, 2)],
+                 "k and v": [Site("k", 1, None, 0), Site("v", 1, 4, 0)], "final": "final"}
+    for what, recv in receivers.items():
+        r = path_patching(model, clean, corrupt, metric, recv)
+        top = L if recv == "final" else 1
+        senders = [(i, h) for i in range(top) for h in range(H)]
+        recv_sites = [] if recv == "final" else recv
+        _, cache = run_with_cache(model, torch.stack([clean, corrupt]), zs + [s.name for s in recv_sites])
+        first = [[(zs[i], where("z", None, h), cache[zs[i]][0][:, h])]
+                 + [(zs[j], (slice(None),), cache[zs[j]][1]) for j in range(i + 1, L)] for i, h in senders]
+        z, kept = run_rows(model, corrupt, first, [s.name for s in recv_sites])
+        if recv_sites:
+            second = [[(s.name, where(s.kind, s.position, s.head), kept[s.name][row][where(s.kind, s.position, s.head)])
+                       for s in recv_sites] for row in range(len(senders))]
+            z, _ = run_rows(model, corrupt, second)
+        want = (metric(z).double() - r.corrupt_metric) / (r.clean_metric - r.corrupt_metric)
+        torch.testing.assert_close(r.maps["head"][:top].flatten(), want, atol=1e-4, rtol=1e-4, msg=what)
+        assert want.abs().max() > 1e-3, what   # (ten times the tolerance)
+        assert torch.isnan(r.maps["head"][top:]).all()
+
+
 # --- 2. SmolLM2 on the IOI pair (slow) -----------------------------------------------------------------------
 
 IOI = ("When Mary and John went to the store, John gave a bottle of milk to",
