@@ -81,7 +81,7 @@ def test_head_sites_against_pasting_by_hand(family, by_position):
     clean, corrupt = pair()
     T, L = len(clean), len(model.blocks)
     metric = logit_diff(5, 9)
-    for position in (-1, T - 3):   # the last token, and one before it (later positions cannot matter)
+    for position in (-1, T - 3) if by_position else (-1,):   # the last token, and one before it
         r = patching_maps(model, clean, corrupt, metric, kinds=tuple(HEAD_SITES), position=position,
                           by_position=by_position)
         every = [names.activation(i, act) for i in range(L) for act in HEAD_SITES.values()]
