@@ -214,6 +214,7 @@ def _run_group(model: GPT, corrupted: Corrupted, copies: list[Copy], s: int, p: 
     rows_at: dict[str, list[tuple[int, tuple, int | None, torch.Tensor]]] = {}
     for r, copy in enumerate(copies):
         for name, pos, head, values in copy.writes:
+            pos = None if pos is None else pos % corrupted.T   # (a site may count positions from the end)
             layer, kind, _ = names.parse(name)
             if layer is None or layer < copy.layer:
                 raise UserError(f"a copy entering at block {copy.layer} cannot write {name}")
