@@ -374,9 +374,17 @@ def verdict(n: dict) -> str:
                      "the IO than to both mentions of S together and raise logit[IO] more than they lower logit[S]: "
                      "name movers in Wang et al.'s sense.")
     if pushers:
-        parts.append(f"{', '.join(pushers)} instead attend{'s' if len(pushers) == 1 else ''} to S's mentions and "
-                     "lower logit[S] more than they raise logit[IO]: they suppress the repeated name rather than copy "
-                     "the other.")
+        one = len(pushers) == 1
+        it, s_ = ("it", "s") if one else ("they", "")
+        parts.append(f"{', '.join(pushers)} instead attend{s_} to S's mentions and lower{s_} logit[S] more than "
+                     f"{it} raise{s_} logit[IO]: {it} suppress{'es' if one else ''} the repeated name rather than "
+                     "copying the other.")
+    blind = [f"{i}.{h} ({s['IO'] + s['S1'] + s['S2']:.0%})" for (i, h, _), s in zip(w, att)
+             if s["IO"] + s["S1"] + s["S2"] < 0.05]
+    if blind:
+        parts.append(f"{', '.join(blind)} {'writes' if len(blind) == 1 else 'write'} for IO with almost none of "
+                     "the attention at END on the three mentions (the share in brackets): that write is not copied "
+                     "from a name's position.")
     if not movers and not pushers:
         parts.append("None of the top five attends from END mostly to one name: their writes are not a plain copy.")
     resid = p["resid_pre_roles"]
@@ -384,8 +392,8 @@ def verdict(n: dict) -> str:
     leaves = next((i for i, row in enumerate(resid) if row[2] < 0.9), None)
     if end is not None and resid[0][2] >= 0.9:
         parts.append(f"Patching the stream: what decides the answer sits at S2 (restoring {resid[0][2]:.0%} at block "
-                     f"0) until block {leaves}, and reaches END by block {end} of {L} (END alone restores "
-                     f"{resid[end][3]:.0%} there).")
+                     f"0) until blocks {leaves}-{end - 1} move it to END (END alone restores {resid[end][3]:.0%} "
+                     f"entering block {end} of {L}).")
     elif end is not None:
         parts.append(f"Patching the stream: END alone restores {resid[end][3]:.0%} at block {end} of {L}.")
     else:
@@ -398,8 +406,9 @@ def verdict(n: dict) -> str:
     parts.append(f"Patching single heads' outputs, {fractions(top[:3])} restore most"
                  + (f"; {', '.join(both)} {'is' if len(both) == 1 else 'are'} also among the top direct writers"
                     if both else "; none of them is among the top direct writers")
-                 + (f", while {', '.join(indirect)} write{'s' if len(indirect) == 1 else ''} almost nothing directly: "
-                    "they act through later blocks." if indirect else "."))
+                 + (f", while {', '.join(indirect)} {'writes' if len(indirect) == 1 else 'write'} almost nothing "
+                    f"directly: {'it acts' if len(indirect) == 1 else 'they act'} through later blocks."
+                    if indirect else "."))
     c = p["correlation"]
     good = c["head_mean"] >= 0.8
     parts.append(f"Attribution patching agrees with exact patching on the head map (r = {c['head_mean']:.2f} on the "
@@ -408,18 +417,31 @@ def verdict(n: dict) -> str:
                  + f"; on the stream at the named positions r = {c['resid_pre_roles']:.2f}"
                  + (" (a patch there moves the nonlinearities far: the first-order estimate is poor)."
                     if c["resid_pre_roles"] < 0.8 else "."))
+    est = torch.tensor(p["head_attribution"])
+    missed = [(i, h, v, float(est[i, h])) for i, h, v in top if v - float(est[i, h]) > 0.5 * v > 0]
+    if missed:
+        parts.append("Of the heads patching ranks highest, it underestimates by more than half "
+                     + ", ".join(f"{i}.{h} ({v:.0%} exact, {e:.0%} estimated)" for i, h, v, e in missed) + ".")
     recv = ", ".join(f"{i}.{h}" for i, h in path["receivers"])
     senders = path["top"]
     q, z = path["receivers_queries"], path["receivers_outputs"]
     parts.append(f"Path patching to the queries at END of the top writers {recv}: the senders restoring most are "
                  f"{fractions(senders[:3])}; patching those queries all together restores {q:.0%}, the receivers' "
                  f"whole outputs {z:.0%}"
-                 + (": what the receivers do differently on the clean prompt comes mostly through where they look "
-                    "(their keys and values), not through their queries at END, so no query path can be large."
+                 + (": what the receivers do differently on the clean prompt comes mostly through what they read at "
+                    "the other positions (their keys and values), not through their queries at END, and the paths to "
+                    "those queries are small too."
                     if abs(q) < 0.5 * abs(z) else
                     ": their queries carry most of it."))
+    if end is not None and leaves is not None and resid[0][2] >= 0.9:   # a one-sentence summary up front
+        parts.insert(0, f"Blocks {leaves}-{end - 1} move what decides the name from the subject's second mention "
+                        f"to the last position; the heads writing most of the answer directly are "
+                        f"{', '.join(f'{i}.{h}' for i, h, _ in w[:3])}"
+                        + (f" ({', '.join(movers)} copying the IO's name, {', '.join(pushers)} pushing S down)."
+                           if movers and pushers else "."))
     parts.append("SmolLM2 is a 135M model and need not have GPT-2 small's clean IOI circuit; the numbers above are "
-                 "what its heads do on this dataset, from few prompts where patching is exact.")
+                 f"what its heads do on this dataset, with exact and path patching on its first {p['pairs']} and "
+                 f"{path['pairs']} prompts only.")
     return " ".join(parts)
 
 
@@ -441,7 +463,8 @@ def notes(n: dict) -> list[str]:
 
 def draw(n: dict):
     H = n["n_heads"]
-    fig, axes = figure(4, 3.6, 5.0)
+    fig, axes = figure(4, 4.0, 5.0)
+    fig.set_layout_engine("constrained")   # room for the colour bars between the panels
     maps = [(n["attribution"]["heads"], "direct logit attribution\n(logit units)", "RdBu_r"),
             (n["patching"]["head"], "head patching: fraction\nrestored (exact)", "RdBu_r"),
             (n["path"]["head"], "path patching to the\nreceivers' queries", "RdBu_r")]
@@ -465,7 +488,7 @@ def draw(n: dict):
 
 
 WALKTHROUGH = '''\
-The same analysis by hand, on four prompts (a minute or two on a laptop's CPU); `study` in
+The same analysis by hand, on four prompts; `study` in
 `lumen/experiments/ioi.py` is this, at the dataset's size, with the numbers the page reports:
 
 ```python
