@@ -39,6 +39,7 @@ EXPERIMENTS: dict[str, str] = {
     "key-value-memories": "key_value_memories",
     "attention-heads": "attention_heads",
     "fact-recall": "fact_recall",
+    "ioi": "ioi",
 }
 
 # what a quick run says instead of a verdict: its models are trained for seconds, too little to support any claim
@@ -117,7 +118,8 @@ def load_all(out: str | Path) -> list[Result]:
 
 def write_doc(results: list[Result], path: str | Path, out: str | Path, command: str) -> Path:
     """docs/experiments.md: every result with its figures (linked relative to the doc), the machine, the wall
-    time (the sum of the experiments' own), and the command that regenerates it."""
+    time (the sum of the experiments' own), and the command that regenerates it. An experiment whose module has
+    `page(result, figure_dir, command)` also gets a page of its own beside it (docs/NAME.md)."""
     path, out = Path(path), Path(out)
     try:
         rel = out.resolve().relative_to(path.parent.resolve())
@@ -147,4 +149,8 @@ def write_doc(results: list[Result], path: str | Path, out: str | Path, command:
     lines.append("")
     for r in results:
         lines.append(r.markdown(figure_dir=f"{rel.as_posix()}/{r.name}"))
+        page = getattr(module(r.name), "page", None)
+        if page is not None:   # an experiment with a page of its own (a worked analysis): beside this one
+            own = f"lumen experiment {r.name} --out {out.as_posix()} --doc {path.as_posix()}"
+            write_text(path.parent / f"{r.name}.md", page(r, f"{rel.as_posix()}/{r.name}", own))
     return write_text(path, "\n".join(lines))
