@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:<20} {experiments.module(name).CLAIM}")
         return 0
     if args.doc and args.name != "all":
-        experiments.load_all(args.out)   # fail before running if the other experiments' results are missing
+        experiments.load_all(args.out, but=args.name)   # fail before running if the others' results are missing
     if args.name == "all":
         results = experiments.run_all(args.quick, args.seed, args.out, progress=lambda m: print(m, file=sys.stderr))
     else:

@@ -393,7 +393,6 @@ def _metrics(model: GPT, pairs: list[tuple[torch.Tensor, torch.Tensor]], metric:
     return metrics
 
 
-@torch.no_grad()
 @overload
 def patching_maps(model: GPT, clean: Batch, corrupt: Batch, metric: Metric | Sequence[Metric] | None = ...,
                   kinds: Sequence[str] = ..., position: int = ..., tokenizer=..., metric_name: str = ...,
@@ -403,6 +402,7 @@ def patching_maps(model: GPT, clean: torch.Tensor | Sequence[int], corrupt: torc
                   metric: Metric | Sequence[Metric] | None = ..., kinds: Sequence[str] = ..., position: int = ...,
                   tokenizer=..., metric_name: str = ..., layers: Sequence[int] | None = ...,
                   by_position: bool = ...) -> Patching: ...
+@torch.no_grad()
 def patching_maps(
     model: GPT,
     clean: torch.Tensor | Sequence[int] | Batch,
