@@ -5,7 +5,8 @@
 
 Inside `decoding`, and only there, the model's nn.Linear layers are FastLinear ones holding the same
 parameters (packing.py): compiled, a one-token step's products become fused loops over the weights; eager,
-the weights live in oneDNN's packed layout. Each step's thread count is measured as the tokens come
+the weights live in oneDNN's packed layout. A single query attends without copying the cache's keys for
+each query head (attention.py). Each step's thread count is measured as the tokens come
 (lumen.threads: a busy machine is the normal case). On leaving, the model is the plain model again, the
 same parameters, bit for bit. The tokens are chosen exactly as lumen.decode chooses them (the same
 `Sampling`, the model's own defaults included); only their speed differs, and the numbers to float32
@@ -24,6 +25,7 @@ from ..decode import Sampling, sampling_for
 from ..decode import stream as plain_stream
 from ..model import GPT
 from ..threads import tuned
+from .attention import one_query_attention, plain_attention
 from .packing import fast_linears, packed, plain_linears
 
 SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs of nearby lengths share one graph
@@ -63,10 +65,12 @@ def decoding(model: GPT, compile: bool = False) -> Iterator[Decoder]:
     if compile and model.device.type == "cpu":
         check_cpp_compiler("decode without compiling")
     fast_linears(model)
+    one_query_attention(model)
     try:
         with contextlib.nullcontext() if compile else packed(model):  # eager: oneDNN's layout
             yield Decoder(model, compile)
     finally:
+        plain_attention(model)
         plain_linears(model)
 
 
