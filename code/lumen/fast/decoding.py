@@ -29,6 +29,11 @@ from .attention import one_query_attention, plain_attention
 from .packing import fast_linears, packed, plain_linears
 
 SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs of nearby lengths share one graph
+# A one-token step is a few hundred kernels, most of them over a few thousand numbers (a norm, a gate, one
+# query's attention). Each kernel that inductor splits between threads ends at a barrier, and on a busy machine
+# the thread waiting for a core holds the others there: such small loops run on one thread (only loops over at
+# least this many numbers per thread are split: the products over the weights are)
+DECODE_OPTIONS = {**COMPILE_OPTIONS, "cpp.min_chunk_size": 16384}
 
 
 class Decoder:
@@ -38,7 +43,7 @@ class Decoder:
         self.model, self.compile = model, compile
         # shapes are static (one graph per shape): a KV cache keeps every slot and takes positions as a
         # tensor, so a one-token step compiles once; the weights stay inputs of the graph
-        self.step = torch.compile(model, dynamic=False, options=COMPILE_OPTIONS) if compile else model
+        self.step = torch.compile(model, dynamic=False, options=DECODE_OPTIONS) if compile else model
 
     def stream(self, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,
                generator: torch.Generator | None = None) -> Generator[torch.Tensor, None, None]:
