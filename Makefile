@@ -65,3 +65,4 @@ bench: setup
 	$(BIN)/python bench/bench_lens.py
 	$(BIN)/python bench/bench_contention.py
 	$(BIN)/python bench/bench_llamacpp.py  # installs node-llama-cpp from npm into a temporary directory
+	$(BIN)/python bench/bench_fsdp_memory.py  # writes docs/scale-out.md

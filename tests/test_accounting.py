@@ -98,4 +98,4 @@ def test_count_cli(capsys, tmp_path):
     assert main(["count", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["exact"]["total"] == count(ModelConfig.from_name("baby-llama")).total
     assert main(["count", "gpt5"]) == 2
-    assert "unknown model 'gpt5': give a preset (gpt2" in capsys.readouterr().err
+    assert "unknown model 'gpt5' (did you mean gpt2?): give a preset (gpt2" in capsys.readouterr().err

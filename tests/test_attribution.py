@@ -68,7 +68,7 @@ def test_heads_and_bias_make_up_each_attention_write(kw):
             p.add_(torch.randn_like(p) * 0.2)
     x = ids(16)
     a = attribute(model, x, target=7)
-    logits, cache = run_with_cache(model, x[None], lambda n: not n.endswith("pattern"))  # the fused path, as attribute
+    logits, cache = run_with_cache(model, x[None], lambda n: not n.endswith(("pattern", "scores")))  # fused
     torch.testing.assert_close(a.logit, logits[0, :, 7].double(), atol=1e-6, rtol=0)
     torch.testing.assert_close(a.values.sum(0), a.logit, atol=1e-5, rtol=0)
     for i in range(cfg.n_layers):

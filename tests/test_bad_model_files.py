@@ -20,19 +20,19 @@ from lumen.formats.gguf import GGUFError, read_gguf
 from lumen.formats.hf import save_hf_dir
 from lumen.inspect.tuned_lens import TunedLens
 from lumen.tokenizers import Tokenizer
-from test_fuzz_files import MERGES, TEMPLATES, TOKENS, gguf_layout, tiny_gpt2, tiny_llama, write_gguf
+from test_fuzz_files import MERGES, TOKENS, gguf_layout, templates, tiny_gpt2, tiny_llama, write_gguf
 
 A = "llama."
 
 
 def gguf_with(tmp_path, **meta) -> str:
-    return str(write_gguf(tmp_path / "m.gguf", TEMPLATES.llama, meta=meta))
+    return str(write_gguf(tmp_path / "m.gguf", templates().llama, meta=meta))
 
 
 def patched(tmp_path, what: str, value: int) -> str:
     """The template GGUF with one header number (named as gguf_layout names it) overwritten."""
-    data = bytearray(TEMPLATES.gguf)
-    at, width = next((at, w) for name, at, w in TEMPLATES.gguf_layout if name == what)
+    data = bytearray(templates().gguf)
+    at, width = next((at, w) for name, at, w in templates().gguf_layout if name == what)
     data[at : at + width] = value.to_bytes(width, "little")
     (tmp_path / "m.gguf").write_bytes(bytes(data))
     return str(tmp_path / "m.gguf")
@@ -64,7 +64,8 @@ def test_gguf_count_larger_than_the_file(tmp_path, what):
 @pytest.mark.parametrize("offset", [2**64 - 32, 0])
 def test_gguf_tensor_offset_outside_or_overlapping(tmp_path, offset):
     """2^64-32 wrapped around to an early byte; 0 is the first tensor's place (every other tensor's is later)."""
-    with pytest.raises(GGUFError, match="m.gguf is (truncated|not a readable GGUF file: .*overlap)"):
+    with pytest.raises(GGUFError, match="m.gguf is not a readable GGUF file: tensor blk.1.ffn_up.weight's data is at "
+                                        f"offset {offset:,}, but the tensors before it end at"):
         read_gguf(patched(tmp_path, "blk.1.ffn_up.weight.offset", offset))
 
 
@@ -75,7 +76,7 @@ def test_gguf_unknown_tensor_type_id(tmp_path):
 
 def test_gguf_tensor_claiming_more_bytes_overlaps_the_next_tensor(tmp_path):
     """32 -> 64 rows doubles the tensor's bytes: they would run into the next tensor's."""
-    with pytest.raises(GGUFError, match="m.gguf is not a readable GGUF file: .*overlap"):
+    with pytest.raises(GGUFError, match="m.gguf is not a readable GGUF file: tensor .* but the tensors before it end"):
         read_gguf(patched(tmp_path, "blk.0.attn_q.weight.dim1", 64))
 
 
@@ -123,7 +124,7 @@ def test_gguf_tokenizer_larger_than_the_vocabulary(tmp_path):
 
 def test_gguf_layout_names_every_header_number():
     """(The helper the tests above patch with: its offsets point at the numbers the reader reads.)"""
-    names = {name for name, _, _ in gguf_layout(TEMPLATES.root / "base.gguf")}
+    names = {name for name, _, _ in gguf_layout(templates().root / "base.gguf")}
     assert {"GGUF.tensor_count[0]", "blk.1.ffn_up.weight.offset", "blk.0.attn_q.weight.type"} <= names
 
 
@@ -137,7 +138,7 @@ def test_gguf_layout_names_every_header_number():
     ("bias", "yes", "must be true or false"), ("mlp", 3, "must be a string"),
 ])
 def test_config_json_with_a_bad_value(tmp_path, field, value, says):
-    cfg = TEMPLATES.gpt2.cfg.to_dict() | {field: value}
+    cfg = templates().gpt2.cfg.to_dict() | {field: value}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=f"config.json: ModelConfig.{field} {says}"):
         ModelConfig.load(tmp_path / "config.json")
@@ -168,7 +169,7 @@ def test_damaged_tokenizer_json(tmp_path, content):
 # --- checkpoints and run directories ---------------------------------------------------------------
 def test_checkpoint_tokenizer_larger_than_the_model(tmp_path):
     model, _ = tiny_gpt2()
-    save_checkpoint(tmp_path / "ck", model, TEMPLATES.bpe)
+    save_checkpoint(tmp_path / "ck", model, templates().bpe)
     with pytest.raises(ModelFileError, match="tokenizer.json: the tokenizer has .* token ids"):
         load(tmp_path / "ck")
 
@@ -240,13 +241,13 @@ def test_tuned_lens_with_a_misshapen_or_nan_translator(tmp_path):
     from safetensors.torch import save
 
     path = tmp_path / "lens.safetensors"
-    with safe_open(str(TEMPLATES.root / "lens.safetensors"), "pt") as f:
+    with safe_open(str(templates().root / "lens.safetensors"), "pt") as f:
         meta = f.metadata()
-    state = load_file(TEMPLATES.root / "lens.safetensors")
+    state = load_file(templates().root / "lens.safetensors")
     for bad in (state["0.lin.weight"][:1].clone(), state["0.lin.weight"].clone().fill_(math.nan)):
         path.write_bytes(save(state | {"0.lin.weight": bad}, metadata=meta))
         with pytest.raises(ModelFileError, match="lens.safetensors: tensor 0.lin.weight"):
-            TunedLens.load(path, TEMPLATES.gpt2)
+            TunedLens.load(path, templates().gpt2)
 
 
 # --- the same errors through the one loader -----------------------------------------------------------
@@ -261,7 +262,7 @@ def test_every_spec_form_names_the_damaged_file(tmp_path):
 
 def test_gguf_template_itself_loads(tmp_path):
     """(The files the tests above damage are valid to start with.)"""
-    w = read_gguf(TEMPLATES.root / "base.gguf")
+    w = read_gguf(templates().root / "base.gguf")
     cfg, state, tok = w.cfg, w.state, w.tokenizer
     assert tok is not None and cfg.n_layers == 2 and tok.vocab_size == len(TOKENS)
     assert np.isfinite(state["tok_emb.weight"].numpy()).all()

@@ -332,3 +332,15 @@ def test_an_experiment_shows_its_training_steps_on_a_terminal(monkeypatch):
     assert "norms: " in sys.stderr.getvalue() and "training steps" in sys.stderr.getvalue()
     assert counted == [3]
     assert fit.BAR is None
+
+
+def test_a_reader_that_stops_early_is_no_error():
+    """`lumen ... | head`: the pipe is closed under lumen's output; no traceback, the shell's usual 141."""
+    env = {**os.environ, "PYTHONPATH": str(Path(lumen.__file__).parents[1])}
+    read, write = os.pipe()
+    os.close(read)   # the reader is gone before lumen writes a line
+    p = subprocess.Popen([sys.executable, "-m", "lumen", "train", "--print-config"], stdout=write,
+                         stderr=subprocess.PIPE, env=env)
+    os.close(write)
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and "Traceback" not in err and "Error" not in err, err

@@ -96,6 +96,10 @@ def test_norm_placement_gradients_at_init(results):
     g = results["norm-placement"].numbers["grad_norms_at_init"]
     assert max(g["pre"]) / min(g["pre"]) < 2                           # pre-LN: even across layers
     assert max(g["post"]) / min(g["post"]) > 5                         # post-LN: uneven
+    # ...but block by block only block 1 stands out, and with embeddings of unit size not even that one
+    assert g["post"][0] > 5 * max(g["post"][1:]) and max(g["post"][1:]) / min(g["post"][1:]) < 1.3
+    unit = results["norm-placement"].numbers["grad_norms_at_init_unit_embeddings"]["post"]
+    assert max(unit) / min(unit) < 1.3
 
 
 @pytest.mark.slow

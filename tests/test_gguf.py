@@ -131,7 +131,7 @@ def test_unsupported_quantization_type(tmp_path):
 def test_unknown_spec_lists_the_accepted_forms(tmp_path):
     with pytest.raises(ValueError, match="a .gguf file, a Hugging Face directory"):
         load("no-such-model")
-    with pytest.raises(FileNotFoundError, match="no GGUF file"):
+    with pytest.raises(FileNotFoundError, match="no model at .*missing.gguf"):
         load(str(tmp_path / "missing.gguf"))
 
 

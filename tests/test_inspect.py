@@ -122,8 +122,8 @@ def test_caching_changes_nothing_and_costs_nothing_after():
     model = tiny(mlp="swiglu", norm="rmsnorm", positions="rope")
     x = ids(20, 2)
     ref, _ = model(x)
-    logits, cache = run_with_cache(model, x, lambda n: not n.endswith("attn_pattern"))
-    assert torch.equal(logits, ref)  # the fused attention path, unchanged, when no pattern is asked for
+    logits, cache = run_with_cache(model, x, lambda n: not n.endswith(("attn_pattern", "attn_scores")))
+    assert torch.equal(logits, ref)  # the fused attention path, unchanged, when no pattern or score is asked for
     assert "blocks.0.attn_pattern" not in cache and "blocks.2.mlp_hidden" in cache
     assert no_hooks_left(model)
     hidden = capture(model, x, "blocks.1.mlp_hidden")

@@ -28,9 +28,10 @@ ALLOWED = {
     "report": {"inspect", "tokenizers"},
     "train": {"tokenizers", "data", "formats"},
     "inspect": {"tokenizers", "data", "evaluate", "formats"},
+    "practice": {"tokenizers", "data", "evaluate", "formats", "fetch", "inspect"},
     "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report"},
     "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments",
-            WING},
+            WING, "practice"},
     "__main__": {"cli"},
 }
 

@@ -244,7 +244,7 @@ def test_weights_gguf_needs_a_gguf_file_and_float32(tmp_path, capsys):
     assert main(["generate", str(tmp_path), "--weights", "gguf", "--prompt", "x"]) == 2
     assert "--weights gguf needs a GGUF model" in capsys.readouterr().err
     assert main(["generate", str(tmp_path / "m.gguf"), "--weights", "gguf", "--prompt", "x"]) == 2
-    assert "no GGUF file" in capsys.readouterr().err
+    assert "no model at" in capsys.readouterr().err
     assert main(["generate", "smollm2", "--weights", "gguf", "--dtype", "bfloat16", "--prompt", "x"]) == 2
     assert "drop --dtype" in capsys.readouterr().err
 

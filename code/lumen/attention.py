@@ -49,16 +49,51 @@ class RoPE(nn.Module):
         self.cos, self.sin = angles.cos(), angles.sin()
 
     def forward(self, x: torch.Tensor, pos: int | torch.Tensor = 0) -> torch.Tensor:  # x: (B, h, T, hd)
-        """pos: the position of x's first token, or the positions of all T tokens as a (T,) tensor."""
+        """pos: the position of x's first token, the positions of all T tokens as a (T,) tensor, or each
+        row's own positions (B, T) (a padded batch)."""
         if isinstance(pos, int):
             cos, sin = self.cos[pos : pos + x.size(-2)], self.sin[pos : pos + x.size(-2)]
         else:
             cos, sin = self.cos[pos], self.sin[pos]
+            if pos.dim() == 2:                                  # (B, T, dims/2) -> one table per row, every head
+                cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x, rest = x[..., : self.dims], x[..., self.dims :]   # partial rotary: the rest carries no position
         x1, x2 = x.chunk(2, dim=-1)
         rotated = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
         return torch.cat(rotated + (rest,) if rest.size(-1) else rotated, dim=-1)
+
+
+class Padding:
+    """Which tokens of a padded batch are real. Prompts of different lengths run side by side once the
+    shorter ones are filled up with padding tokens (on the left or on the right); `real` (B, S) is True at
+    a real token's slot.
+
+    A real token's position is the number of real tokens before it, so a prompt's positions are 0, 1, 2,
+    ... wherever its padding sits (learned positions and RoPE see what they see when it runs alone), and
+    no query reads a padding token. A padding token reads itself alone, so that no softmax row is empty;
+    what it computes is never read."""
+
+    def __init__(self, real: torch.Tensor):
+        self.real = real.bool()                                        # (B, S)
+        self.positions = (self.real.cumsum(-1) - 1).clamp_min(0)       # (B, S)
+
+    @classmethod
+    def of(cls, mask: torch.Tensor | None, cache: KVCache | None = None) -> Padding | None:
+        """The padding of a forward pass: a mask (B, T) of the new tokens (True = real) or None (all real),
+        joined to what a KV cache already holds."""
+        if cache is not None:
+            return cache.pad(mask)
+        return cls(mask) if mask is not None else None
+
+    def at(self, slots: torch.Tensor) -> torch.Tensor:
+        """The positions (B, T) of the tokens in slots (T,)."""
+        return self.positions[:, slots]
+
+    def visible(self, slots: torch.Tensor) -> torch.Tensor:
+        """(B, 1, T, S): which keys the queries in slots (T,) may read, as far as padding goes."""
+        own = torch.arange(self.real.size(1), device=slots.device) == slots[:, None]      # (T, S)
+        return (self.real[:, None, :] | own)[:, None]
 
 
 class LayerCache:
@@ -96,6 +131,7 @@ class KVCache:
     ):
         shape = (batch, cfg.kv_heads, max_len or cfg.context, cfg.head_dim)
         self.length = torch.zeros((), dtype=torch.long, device=device)
+        self.padding: Padding | None = None   # which slots hold real tokens, once a padded batch came in
         self.layers = [
             LayerCache(torch.zeros(shape, device=device, dtype=dtype),
                        torch.zeros(shape, device=device, dtype=dtype), self.length)
@@ -120,6 +156,15 @@ class KVCache:
     def advance(self, T: int) -> None:
         """Count T more positions as held (after the model has written them)."""
         self.length += T
+
+    def pad(self, mask: torch.Tensor | None) -> Padding | None:
+        """The padding of every slot, with the mask (B, T) of T new tokens written at their slots (None:
+        they are all real). Slots not yet written count as real: the tokens decoded into them are."""
+        if mask is not None:
+            real = self.padding.real.clone() if self.padding is not None else torch.ones(
+                mask.size(0), self.slots, dtype=torch.bool, device=mask.device)
+            self.padding = Padding(real.index_copy_(1, self.layers[0].positions(mask.size(1)), mask.bool()))
+        return self.padding
 
 
 class MultiHeadAttention(nn.Module):
@@ -151,7 +196,8 @@ class MultiHeadAttention(nn.Module):
         self.rope = rope
         self.window = window
         self.dropout = dropout
-        self.pattern = nn.Identity()  # a named place for the attention weights (plain path only)
+        self.scores = nn.Identity()   # named places for the scores before the softmax and for the attention
+        self.pattern = nn.Identity()  # weights (plain path only: lumen.inspect's hooks)
         # False: the plain softmax path below (one query always takes it), which exposes the pattern
         self.use_sdpa = True
 
@@ -162,23 +208,21 @@ class MultiHeadAttention(nn.Module):
                    cfg.head_dim, cfg.bias or cfg.qkv_bias, cfg.sliding_window)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None
+        self, x: torch.Tensor, mask: Padding | None = None, cache: LayerCache | None = None
     ) -> torch.Tensor:
+        """mask: which tokens of a padded batch are real (None: all of them)."""
         B, T, _ = x.shape
         q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)      # (B, h, T, hd)
         k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, h_kv, T, hd)
         v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, h_kv, T, hd)
-        pos = cache.positions(T) if cache is not None else 0
-        if self.rope is not None:
+        slots = cache.positions(T) if cache is not None else torch.arange(T, device=x.device)
+        if self.rope is not None:  # a token's position: its slot, or in a padded batch the real tokens before it
+            pos = mask.at(slots) if mask is not None else slots
             q, k = self.rope(q, pos), self.rope(k, pos)
         if cache is not None:
-            assert isinstance(pos, torch.Tensor)  # a cache always gives tensor positions
-            k, v = cache.write(k, v, pos)                                          # (B, h_kv, slots, hd)
-            allowed = visible(pos, k.size(2), mask, self.window)
-        elif mask is None and self.window is None:
-            allowed = None                                                         # plain causal
-        else:
-            allowed = visible(torch.arange(T, device=x.device), T, mask, self.window)
+            k, v = cache.write(k, v, slots)                                        # (B, h_kv, slots, hd)
+        plain_causal = cache is None and mask is None and self.window is None
+        allowed = None if plain_causal else visible(slots, k.size(2), mask, self.window)
         # one query (a decoding step) is a pair of small products: plain is faster than the fused
         # kernel there, and compiles into a few fused loops
         attend = self.attend_sdpa if self.use_sdpa and T > 1 else self.attend_plain
@@ -189,7 +233,7 @@ class MultiHeadAttention(nn.Module):
         """The readable path: scores, mask, softmax, weighted average of the values."""
         group = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, S, hd)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)                  # (B, h, T, S)
+        scores = self.scores(q @ k.transpose(-2, -1) / math.sqrt(self.head_dim))     # (B, h, T, S)
         T, S = scores.shape[-2:]
         if allowed is None:  # plain causal: query t sees keys up to its own position
             allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
@@ -209,14 +253,14 @@ class MultiHeadAttention(nn.Module):
 
 
 def visible(
-    pos: torch.Tensor, S: int, mask: torch.Tensor | None = None, window: int | None = None
+    pos: torch.Tensor, S: int, padding: Padding | None = None, window: int | None = None
 ) -> torch.Tensor:
     """Which of S key slots each query may see, as a bool tensor (True = attend): queries at
-    positions pos (T,) see the keys at their own position and before; with a sliding `window`, only
-    the last `window` of those. An extra ``mask`` (True = attend, broadcastable to (B, h, T, S))
-    further restricts it."""
+    slots pos (T,) see the keys at their own slot and before; with a sliding `window`, only the last
+    `window` of those (a padded batch's real tokens are contiguous, so slots count positions); with
+    `padding`, only real keys: (B, 1, T, S) instead of (T, S)."""
     key_pos = torch.arange(S, device=pos.device)
     allowed = key_pos <= pos[:, None]                              # (T, S)
     if window is not None:
         allowed = allowed & (key_pos > pos[:, None] - window)      # the window ends at the query itself
-    return allowed if mask is None else allowed & mask.to(torch.bool)
+    return allowed if padding is None else allowed & padding.visible(pos)

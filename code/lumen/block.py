@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import MultiHeadAttention
+from .attention import MultiHeadAttention, Padding
 from .config import ACTIVATIONS, ModelConfig
 
 
@@ -166,7 +166,7 @@ class TransformerBlock(nn.Module):
         block.drop = nn.Dropout(dropout)
         return block
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Padding | None = None, cache=None) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln1(x), mask, cache))   # gather from context, write to stream
         x = x + self.mlp(self.ln2(x))                            # think per token, write to stream
         return x
@@ -178,7 +178,7 @@ class PostLNBlock(TransformerBlock):
     The norm sits on the residual highway, so every block rescales the stream itself.
     """
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Padding | None = None, cache=None) -> torch.Tensor:
         x = self.ln1(x + self.drop(self.attn(x, mask, cache)))   # gather, add, renormalise the stream
         x = self.ln2(x + self.mlp(x))                            # think, add, renormalise the stream
         return x
@@ -191,5 +191,5 @@ class ParallelBlock(TransformerBlock):
     not see what attention wrote in this block (so there is no stream "between" them).
     """
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Padding | None = None, cache=None) -> torch.Tensor:
         return x + self.drop(self.attn(self.ln1(x), mask, cache)) + self.mlp(self.ln2(x))

@@ -20,6 +20,7 @@ from typing import Any
 import torch.nn.functional as F
 
 from .errors import ConfigError, MissingFileError
+from .files import read_json
 
 # the largest sizes a config may hold: each well above any released model's, and low enough that a damaged
 # file claiming 2^32 layers or 2^40 positions is refused before anything is built for it
@@ -181,12 +182,7 @@ class ModelConfig:
         path = Path(path)
         if not path.is_file():
             raise MissingFileError(f"no model config at {path}")
-        try:
-            d = json.loads(path.read_bytes().decode("utf-8"))
-        except ValueError as e:  # not UTF-8 (UnicodeDecodeError) or not JSON (JSONDecodeError)
-            raise ConfigError(f"{path} is not a JSON file ({e}); it is damaged: save the model again") from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"{path} holds a JSON {type(d).__name__}, not a ModelConfig object; save the model again")
+        d = read_json(path, "model config", ConfigError, "fix it or save the model again")
         try:
             return cls.from_dict(d)
         except ConfigError as e:

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import CorpusError, MissingFileError
+from .errors import CorpusError, LumenError, MissingFileError
 from .fetch import cache_dir, fetch, sha256_of
-from .files import atomic_dir
+from .files import atomic_dir, read_json
 from .formats import read_tokenizer
 from .tokenizers import FILENAME as TOKENIZER_FILE
 from .tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, train_bpe
@@ -212,7 +212,7 @@ class TokenData:
 def read_meta(folder: Path) -> dict:
     """A cache folder's meta.json, checked against the token files beside it (size and sha256)."""
     try:
-        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        meta = read_json(folder / "meta.json", "token cache", CorpusError)
         dtype = np.dtype(meta["dtype"])
         if dtype not in (np.uint16, np.uint32) or not isinstance(meta["vocab_size"], int):
             raise ValueError("dtype/vocab_size")
@@ -226,7 +226,7 @@ def read_meta(folder: Path) -> dict:
         for name, digest in meta["tokenizer_files"].items():  # tokenizer.json (and its settings file)
             if "/" in name or sha256_of(folder / name) != digest:
                 raise ValueError(name)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (LumenError, OSError, ValueError, KeyError, TypeError) as e:
         raise CorpusError(f"token cache {folder} is damaged ({type(e).__name__}: {e})") from None
     return meta
 

@@ -118,6 +118,7 @@ def stream(
     use_cache: bool = True,
     step: Step | None = None,
     cache_slots: int | None = None,
+    mask: torch.Tensor | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token ids (B,) one step at a time, conditioned on idx (B, T).
 
@@ -131,29 +132,35 @@ def stream(
     sampling: default `sampling_for(model)`. step: what runs a step, called like the model (default the
     model itself; lumen.fast passes a compiled one, which sees two shapes only: one token with the cache,
     and the full window). cache_slots: the cache's size (default the prompt plus the new tokens, at most
-    the context)."""
+    the context). mask (B, T): prompts of different lengths, padded on the left (`Tokenizer.pad(texts,
+    side="left")`), True at real tokens: each row continues as its prompt alone would."""
     sampling = sampling or sampling_for(model)
-    check_tokens(idx, model.cfg, 0)
+    check_tokens(idx, model.cfg, 0, mask)
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if mask is not None and bool((mask[:, 1:].int() < mask[:, :-1].int()).any()):
+        raise UserError("batched generation needs the prompts padded on the left (Tokenizer.pad(texts, side='left')),"
+                        " so that every row's next token comes at the same slot")
     context, step = model.cfg.context, step if step is not None else model
     cache, held = None, idx.size(1)
     if use_cache:
         slots = min(context, cache_slots or idx.size(1) + max_new_tokens)
         cache = KVCache(model.cfg, idx.size(0), slots, idx.device, model.dtype)
-    logits, _ = model(idx, cache=cache)
-    seq = idx
+    logits, _ = model(idx, cache=cache, mask=mask)
+    seq, real = idx, mask
     for i in range(max_new_tokens):
         nxt = sample_next(logits[:, -1], sampling, generator)
         yield nxt
         if i + 1 == max_new_tokens:
             break
         seq = torch.cat((seq, nxt[:, None]), dim=1)[:, -context:]
+        if real is not None:  # a decoded token is real
+            real = torch.cat((real.bool(), real.new_ones(real.size(0), 1, dtype=torch.bool)), dim=1)[:, -context:]
         if cache is not None and held < cache.slots:
             logits, _ = step(nxt[:, None], cache=cache)    # one more token: its keys join the cache
             held += 1
         else:  # re-read the window
-            logits, _ = (step if seq.size(1) == context else model)(seq)
+            logits, _ = (step if seq.size(1) == context else model)(seq, mask=real)
 
 
 def generate(
@@ -165,10 +172,12 @@ def generate(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens), any number of them
     (past the context the window slides). temperature (0 is greedy), top_k, top_p: as in `Sampling`;
-    what is not given comes from `sampling_for(model)`. A seeded torch.Generator repeats a sample."""
+    what is not given comes from `sampling_for(model)`. A seeded torch.Generator repeats a sample.
+    mask: a left-padded batch's real tokens (see `stream`); each row keeps its padding in front."""
     sampling = sampling_for(model, temperature=temperature, top_k=top_k, top_p=top_p)
-    new = list(stream(model, idx, max_new_tokens, sampling, generator, use_cache))
+    new = list(stream(model, idx, max_new_tokens, sampling, generator, use_cache, mask=mask))
     return torch.cat([idx] + [t[:, None] for t in new], dim=1)

@@ -21,8 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import FetchError
-from .files import atomic_dir, atomic_path
+from .errors import FetchError, LumenError
+from .files import atomic_dir, atomic_path, read_json
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,8 @@ def _verified(art: Artifact, target: Path) -> bool:
         if not manifest.is_file():
             return False
         try:
-            sums = json.loads(manifest.read_text())
-        except ValueError:
+            sums = read_json(manifest, "download manifest", FetchError)
+        except LumenError:
             return False
         return bool(sums) and all(
             (target / f).is_file() and sha256_of(target / f) == s for f, s in sums.items()

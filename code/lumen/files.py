@@ -1,14 +1,21 @@
 """Writing output so that nothing is ever half-written: a temporary file (or folder) beside the target,
-fsync, then one rename over it. A crash or a full disk leaves the previous version, never half of a new one."""
+fsync, then one rename over it. A crash or a full disk leaves the previous version, never half of a new one.
+And the two ends of every file lumen is given or writes: `read_json`/`read_toml`, the one reader of JSON and TOML
+(its errors name the file and the place), and `check_writable`, the check of an output path before staging."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from .errors import ConfigError, LumenError, MissingFileError, ModelFileError, UserError
 
 
 @contextmanager
@@ -107,3 +114,121 @@ def write_text(path: str | Path, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the JSON and TOML files lumen is given: one reader, whose errors say the file and the place
+def read_json(path: str | Path, what: str, error: type[LumenError] = ModelFileError,
+              fix: str = "fix it, or save or fetch it again") -> dict:
+    """The JSON object in a file. A file that is missing, unreadable, not UTF-8, not JSON or not an object is
+    one `error` (ModelFileError unless told) naming the file, the line and column, and what is wrong there
+    in plain words, e.g. `config.json, line 1, column 13: not valid JSON (a value was expected here)`.
+
+        >>> read_json("runs/x/checkpoints/step-000100/config.json", "model config")   # doctest: +SKIP
+    """
+    path = Path(path)
+    text = _read_text(path, what, error, fix)
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        where = "" if not text.strip() else f", line {e.lineno}, column {e.colno}"
+        reason = "the file is empty" if not text.strip() else _JSON_REASONS.get(e.msg, e.msg.lower())
+        raise error(f"{path}{where}: not valid JSON ({reason}); {fix}") from None
+    except RecursionError:
+        raise error(f"{path}: not a {what} file (its JSON is nested too deeply to read); {fix}") from None
+    if not isinstance(d, dict):
+        kind = {list: "a list", str: "a string", type(None): "null", bool: "true or false"}.get(type(d), "a number")
+        raise error(f"{path} holds {kind}, not the JSON object of a {what} file; {fix}")
+    return d
+
+
+def read_toml(path: str | Path, what: str, error: type[LumenError] = ConfigError, fix: str = "fix it") -> dict:
+    """The tables of a TOML file; what is wrong with it is one `error` (ConfigError unless told) naming the file,
+    the line and column and the problem in plain words, like `read_json`."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    path = Path(path)
+    text = _read_text(path, what, error, fix)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.fullmatch(r"(.*?) \((?:at line (\d+), column (\d+)|at end of document)\)", str(e), re.S)
+        reason, line, column = (m.group(1), m.group(2), m.group(3)) if m else (str(e), None, None)
+        where = f", line {line}, column {column}" if line else ", at its end"
+        for start, plain in _TOML_REASONS.items():
+            if reason.startswith(start):
+                reason = plain
+        raise error(f"{path}{where}: not valid TOML ({reason[:1].lower() + reason[1:]}); {fix}") from None
+
+
+def _read_text(path: Path, what: str, error: type[LumenError], fix: str) -> str:
+    """A file's UTF-8 text (a leading byte-order mark dropped)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise MissingFileError(f"no {what} file at {path}") from None
+    except IsADirectoryError:
+        raise error(f"{path} is a folder, not a {what} file") from None
+    except OSError as e:
+        raise error(f"{path} cannot be read ({e.strerror or type(e).__name__}): check its permissions") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise error(f"{path}, line {line}, column {column}: byte 0x{data[e.start]:02x} is not UTF-8 text "
+                    f"(save the {what} file as UTF-8); {fix}") from None
+
+
+_JSON_REASONS = {
+    "Expecting value": "a value was expected here",
+    "Expecting property name enclosed in double quotes": "a key in double quotes was expected here",
+    "Expecting ':' delimiter": "a ':' was expected after the key",
+    "Expecting ',' delimiter": "a ',' or a closing bracket was expected here",
+    "Unterminated string starting at": "a string starts here and never ends",
+    "Invalid control character at": "a control character such as a tab or newline inside a string",
+    "Invalid \\escape": "an unknown backslash escape",
+    "Invalid \\uXXXX escape": "a \\u escape without four hexadecimal digits",
+    "Extra data": "more text after the JSON value ended",
+}
+_TOML_REASONS = {
+    "Invalid value": "a value was expected here",
+    "Cannot overwrite a value": "a key given a value twice",
+    "Cannot declare": "a table declared twice",
+    "Expected '=' after a key": "a key without '= value'",
+    "Expected newline or end of document after a statement": "more text after a value on its line",
+    "Unclosed array": "an array without its closing ']'",
+    "Unclosed inline table": "an inline table without its closing '}'",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# where output goes
+def check_writable(path: str | Path, what: str, folder: bool = True, error: type[LumenError] = UserError) -> Path:
+    """Before anything is computed or staged: `path` can be written. No part of it is a file (when a folder is
+    wanted, `path` itself neither), a file to write is not an existing folder, and the nearest existing folder
+    accepts new entries (tried: a hidden folder is made there and removed, so a read-only disk, /proc or a
+    folder without permission fail now, in one line). Nothing is created. `what` names it in the message
+    (an option such as "--out", or "out_dir").
+
+        >>> check_writable("out/lens", "--out")                  # doctest: +SKIP
+    """
+    if not str(path).strip():
+        raise error(f"{what} is empty: give a {'folder' if folder else 'file'} to write")
+    path = Path(path)
+    for p in (path, *path.parents) if folder else path.parents:
+        if p.exists() and not p.is_dir():
+            raise error(f"{what} {path}: {p} is a file, not a folder (give a {'folder' if p == path else 'path'} "
+                        "to write into)")
+    if not folder and path.is_dir():
+        raise error(f"{what} {path} is a folder: give the path of a file to write")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    try:
+        shutil.rmtree(tempfile.mkdtemp(dir=existing, prefix=".lumen-write-check-"))
+    except OSError as e:
+        raise error(f"{what} {path}: cannot write into {existing.resolve()} ({e.strerror or type(e).__name__}); "
+                    "choose a folder you can write") from None
+    return path

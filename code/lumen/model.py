@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import KVCache, MultiHeadAttention
+from .attention import KVCache, MultiHeadAttention, Padding
 from .block import TransformerBlock, make_norm
 from .config import ModelConfig
 from .errors import ModelFileError, UserError
@@ -95,7 +95,7 @@ class GPT(nn.Module):
     # the forward pass --------------------------------------------------------------------------
     def embed(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
         """Token (and learned position) embeddings: the residual stream before block 0.
-        pos: the positions of idx's T tokens (T,), by default 0..T-1."""
+        pos: the positions of idx's T tokens (T,) or of each row's (B, T), by default 0..T-1."""
         x = self.tok_emb(idx)
         if self.cfg.scale_embeddings:  # Gemma: sqrt(d_model), rounded to the stream's dtype as Gemma does
             x = x * torch.tensor(self.cfg.d_model**0.5, dtype=x.dtype)
@@ -112,15 +112,19 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, vocab) for token ids idx (B, T), and the mean next-token loss if targets
         are given (positions whose target is -1 are ignored). With a cache, idx continues the
-        tokens it holds, and their keys and values are added to it."""
+        tokens it holds, and their keys and values are added to it. mask (B, T): for a padded batch
+        (prompts of different lengths, `Tokenizer.pad`), True at the real tokens; each prompt's logits
+        are then what it gets alone (attention.Padding)."""
         if not torch.compiler.is_compiling():  # (reading ids would split a compiled graph: callers check)
-            check_tokens(idx, self.cfg, cache.n if cache is not None else 0)
+            check_tokens(idx, self.cfg, cache.n if cache is not None else 0, mask)
             if cache is not None:
                 cache.check_room(idx.size(1))
         T = idx.size(1)
-        x = self.embed(idx, cache.layers[0].positions(T) if cache is not None else None)
+        slots = cache.layers[0].positions(T) if cache is not None else torch.arange(T, device=idx.device)
+        padding = Padding.of(mask, cache)                      # which tokens are real (None: all)
+        x = self.embed(idx, padding.at(slots) if padding is not None else slots)
         for i, block in enumerate(self.blocks):
-            x = block(x, mask, cache.layers[i] if cache is not None else None)
+            x = block(x, padding, cache.layers[i] if cache is not None else None)
         logits = self.lm_head(self.ln_f(x))
         if cache is not None:
             cache.advance(T)
@@ -206,7 +210,7 @@ class GPT(nn.Module):
             model = cls(cfg)
         for name, part in parts.items():
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, part)
+            setattr(model.get_submodule(parent) if parent else model, child, part.to(device) if device else part)
         tied = {"lm_head.weight"} if cfg.tie_embeddings and "lm_head" not in parts else set()
         expected = {k: v for k, v in model.state_dict().items() if k not in tied and v.is_meta}
         missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected) - tied)
@@ -244,12 +248,15 @@ def check_weight(t: torch.Tensor, name: str, shape: torch.Size, source: str) -> 
         raise ModelFileError(f"{source}: tensor {name} holds NaN or infinite values; the file is damaged")
 
 
-def check_tokens(idx: torch.Tensor, cfg: ModelConfig, start: int) -> None:
+def check_tokens(idx: torch.Tensor, cfg: ModelConfig, start: int, mask: torch.Tensor | None = None) -> None:
     """Clear errors for inputs the model cannot read."""
     if idx.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8):
         raise TypeError(f"token ids must be an integer tensor, got {idx.dtype} (use .long())")
     if idx.dim() != 2:
         raise UserError(f"token ids must have shape (batch, time), got {tuple(idx.shape)}")
+    if mask is not None and (mask.shape != idx.shape or mask.dtype not in (torch.bool, torch.long, torch.int32)):
+        raise UserError(f"a padding mask must be a bool tensor of the token ids' shape {tuple(idx.shape)} (True at "
+                        f"real tokens), got {mask.dtype} {tuple(mask.shape)}")
     if start + idx.size(1) > cfg.context:
         raise UserError(
             f"sequence of {start + idx.size(1)} tokens exceeds the model's context of {cfg.context} "

@@ -4,7 +4,7 @@ patching, the command line's tables, figures, the explorer page and every JSON f
 A name is a path into the model, blocks counted from 0 as in `model.blocks[i]`:
 
     embed                   the residual stream the embedding writes (before block 0)
-    blocks.3.resid_post     an activation inside block 3 (ACTIVATIONS lists the kinds)
+    blocks.3.resid_post     an activation inside block 3 (ACTIVATIONS lists the kinds, DETAILS finer ones)
     blocks.3.attn           a write into the stream: block 3's attention output (also mlp)
     blocks.3.head.2         a write: head 2 of block 3, through its slice of attn.out
     final                   the final-normed stream the unembedding reads
@@ -26,10 +26,19 @@ import re
 from typing import NamedTuple
 
 EMBED, FINAL = "embed", "final"
+FINAL_SCALE = "final_scale"   # the scale the final norm divides the stream by (B, T, 1)
 
-# the activations inside every block, in the order the forward pass makes them
+# the activations inside every block that a cache keeps by default: the stream and what is written into it
 ACTIVATIONS = ("resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "resid_post", "attn_pattern",
                "attn_heads")
+# finer places, asked for by name: the norms' scales (B, T, 1); each head's query, key and value before
+# RoPE (B, T, heads, d_head; keys and values per KV head); the scores before the softmax (B, heads, T, S);
+# z, every head's output (B, T, heads, d_head: attn_heads head by head); the MLP's pre-activation (its
+# gate's, for a gated MLP) (B, T, d_ff)
+DETAILS = ("ln1_scale", "q", "k", "v", "attn_scores", "z", "ln2_scale", "mlp_pre")
+# every kind, in the order the forward pass makes them
+KINDS = ("resid_pre", "ln1_scale", "q", "k", "v", "attn_scores", "attn_pattern", "attn_heads", "z", "attn_out",
+         "resid_mid", "ln2_scale", "mlp_pre", "mlp_hidden", "mlp_out", "resid_post")
 # the writes a block adds to the stream (what a logit is split into), and what they are called for people
 WRITES = {"attn": "attention", "mlp": "MLP"}
 
@@ -46,7 +55,7 @@ class Name(NamedTuple):
 
 
 def activation(layer: int, kind: str) -> str:
-    """The name of activation `kind` (one of ACTIVATIONS) in block `layer`."""
+    """The name of activation `kind` (one of KINDS) in block `layer`."""
     return f"blocks.{layer}.{kind}"
 
 

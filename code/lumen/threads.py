@@ -18,6 +18,7 @@ threads), so a run that must repeat bit for bit pins its thread count instead.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Generator, Iterable
@@ -25,7 +26,25 @@ from typing import TypeVar
 
 import torch
 
+from .errors import LumenError, UserError
+
 T = TypeVar("T")
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask: fewer than the machine's in a container)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # (not Linux)
+        return os.cpu_count() or 1
+
+
+def check_threads(n: int, what: str, error: type[LumenError] = UserError) -> int:
+    """n, a thread count to pin torch to, if it is 0 (lumen chooses) or a count this machine can run: more
+    OpenMP threads than CPUs only wait for each other, and a million of them crash the process."""
+    if not 0 <= n <= cpu_count():
+        raise error(f"{what} must be between 0 (lumen chooses) and this machine's {cpu_count()} CPUs, got {n:,}")
+    return n
 
 
 def thread_choices(most: int) -> list[int]:
@@ -126,7 +145,7 @@ class ThreadTuner:
 
 
 def tuned(steps: Iterable[T], tuner: ThreadTuner | None = None) -> Generator[T, None, None]:
-    """Yield from steps (e.g. `model.stream(...)`, one token each), timing how long each took to make and
+    """Yield from steps (e.g. `lumen.decode.stream(...)`, one token each), timing how long each took to make and
     letting a ThreadTuner choose the thread count for the next; torch's count is restored at the end."""
     tuner = tuner or ThreadTuner()
     before = torch.get_num_threads()

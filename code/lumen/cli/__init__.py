@@ -32,6 +32,7 @@ COMMANDS = {
     "patch": "patch",
     "explore": "explore",
     "serve": "serve",
+    "practice": "practice",
 }
 
 
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"lumen {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader stopped early (`lumen ... | head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python flushes stdout on exit)
+        return 141
     except Exception:  # anything else is lumen's own bug: show it whole
         traceback.print_exc()
         print(f"lumen {args.command}: internal error: {REPORT}", file=sys.stderr)

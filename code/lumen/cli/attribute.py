@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import names
 from . import UserError
-from .models import add_model_argument, load_with_tokenizer
+from .models import add_model_argument, add_out_argument, at_least, load_with_tokenizer, output_dir
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                        help="split logit[A] - logit[B], e.g. ' Paris' ' Rome'")
     p.add_argument("--position", type=int, default=-1, help="the position to print (default -1, the last)")
     p.add_argument("--top", type=int, default=10, help="how many of the largest components to list (default 10)")
-    p.add_argument("--out", metavar="DIR", help="write attribution.json and attribution.png here")
+    add_out_argument(p, "write attribution.json and attribution.png here")
     p.add_argument("--json", action="store_true", help="print JSON (every position) instead of the table")
     return p
 
@@ -46,6 +46,9 @@ def targets(tok, target: str | None, contrast: list[str] | None) -> dict:
 def run(args: argparse.Namespace) -> int:
     from ..inspect.attribution import attribute, top_components
 
+    at_least(args, "top")
+    if args.out is not None:
+        output_dir(args.out)
     model, tok = load_with_tokenizer(args.model)
     ids = tok.encode(args.prompt)
     if not ids:

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..accounting import report
 from ..config import PRESETS, ModelConfig
 from ..errors import UserError
+from ..formats import MODELS, SPEC_FORMS, read_config, unknown_spec
 from .models import add_model_argument
 
 
@@ -29,26 +30,28 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def resolve_config(spec: str) -> ModelConfig:
     """A preset name, a ModelConfig .json file, or any model spec (its config alone, no weights read)."""
     from ..fetch import FetchError
-    from ..formats import SPEC_FORMS, UnknownSpec, read_config
 
     path = Path(spec)
     if spec in PRESETS and not path.exists():
         return ModelConfig.from_name(spec)
     if path.is_file() and path.suffix == ".json":
         return ModelConfig.load(path)
+    if not path.exists() and spec not in MODELS and not spec.startswith("hf:"):
+        raise unknown_spec(spec, (*PRESETS, *MODELS), f"a preset ({', '.join(PRESETS)}), a config .json file, "
+                           f"or {SPEC_FORMS}")
     try:
         return read_config(spec)
     except FetchError as e:
         raise UserError(str(e)) from None
-    except UnknownSpec:  # presets and config files are models too, here
-        raise UnknownSpec(f"unknown model {spec!r}: give a preset ({', '.join(PRESETS)}), a config .json file, "
-                          f"or {SPEC_FORMS}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     if args.context is not None and args.context < 1:
         raise UserError(f"--context must be at least 1, got {args.context}")
     cfg = resolve_config(args.model)
+    if args.context is not None and args.context > cfg.context:
+        raise UserError(f"--context {args.context:,} exceeds {cfg.name}'s context of {cfg.context:,} (the longest "
+                        "sequence its positions support)")
     r = report(cfg, args.context)
     if args.json:
         print(json.dumps(r, indent=2))

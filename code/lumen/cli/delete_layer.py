@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     at_least(args, "seq_len", least=2)
     out = output_dir(args.out) if args.out else None
     try:
-        blocks = [int(x) for x in args.blocks.split(",")] if args.blocks else None
+        blocks = [int(x) for x in args.blocks.split(",")] if args.blocks is not None else None
     except ValueError:
         raise UserError(f"--blocks must be comma-separated integers, got {args.blocks!r}") from None
     model, tok = load_with_tokenizer(args.model)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
+
+import torch
 
 from ..errors import CorpusError, MissingFileError
 from . import UserError
@@ -49,7 +52,7 @@ def chars_scored(tokenizer, ids: list[int], context: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluate import DEFAULT_CONTEXT, evaluate
+    from ..evaluate import DEFAULT_CONTEXT, evaluate, windows
 
     if args.context is not None and args.context < 2:
         raise UserError(f"--context must be at least 2 tokens (one to read, one to predict), got {args.context}")
@@ -62,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--context {args.context} exceeds the model's context of {model.cfg.context} "
                         "(give a smaller --context)")
     r = evaluate(model, ids, args.context)
+    if not math.isfinite(r.loss):  # checked once, on the result: then where the forward pass went non-finite
+        from ..inspect.finite import non_finite_error
+
+        context = args.context or min(model.cfg.context, DEFAULT_CONTEXT)
+        batches = (torch.tensor([ids[s:e]]) for s, e in windows(len(ids), context))
+        raise non_finite_error(model, batches, args.model, "the losses")
     chars = chars_scored(loaded.tokenizer, ids, args.context or min(model.cfg.context, DEFAULT_CONTEXT))
     per_char = r.loss * r.scored / max(1, chars)
     if args.json:

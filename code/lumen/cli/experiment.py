@@ -11,8 +11,8 @@ import argparse
 import sys
 
 from .. import experiments
-from ..errors import UserError
 from ..experiments import EXPERIMENTS
+from ..threads import check_threads
 from .models import add_out_argument, add_quiet_argument, output_dir
 
 
@@ -35,8 +35,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    if args.threads < 0:
-        raise UserError(f"--threads must be >= 0, got {args.threads}")
+    check_threads(args.threads, "--threads")
     if args.threads:
         torch.set_num_threads(args.threads)
     output_dir(args.out)

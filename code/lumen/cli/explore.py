@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .models import add_model_argument, load_with_tokenizer
+from .models import add_model_argument, load_with_tokenizer, output_file, path_text
 from .patch import KINDS
 
 
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                    help=f"the patching maps to compute with --corrupt (default all: {' '.join(KINDS)}; each "
                    "(layer, position) cell is a forward pass)")
     p.add_argument("--tuned", metavar="PATH", help="a tuned lens for this model: adds a lens toggle")
-    p.add_argument("--out", required=True, metavar="PAGE", help="the HTML file to write")
+    p.add_argument("--out", required=True, metavar="PAGE", type=path_text, help="the HTML file to write")
     return p
 
 
@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from ..inspect.tuned_lens import TunedLens
     from ..report.explore import explore_data, explore_page
 
+    output_file(args.out)
     model, tok = load_with_tokenizer(args.model)
     tuned = TunedLens.load(args.tuned, model) if args.tuned else None
     t0 = time.perf_counter()

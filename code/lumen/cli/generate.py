@@ -9,6 +9,7 @@ speed wing's door (lumen.fast.decoding), as a Python caller's can.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import secrets
 import sys
@@ -22,6 +23,7 @@ from . import UserError
 from .models import DTYPES, add_model_argument, checkpoint_note, load_model
 
 MAX_SEED = 2**63 - 1
+MAX_NEW_TOKENS = 2**20  # the most tokens one `lumen generate` writes (see run)
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -53,8 +55,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def run(args: argparse.Namespace) -> int:
     from ..fast import decoding
 
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS:,} (the most one run writes: hours "
+                        f"of decoding on a CPU; continue from its output for more), got {args.max_new_tokens:,}")
     changes = sampling_changes(args)
     seed = parse_seed(args.seed) if args.seed is not None else secrets.randbelow(10**6)
     loaded = load_model(args.model, args.dtype, args.weights)
@@ -81,12 +84,51 @@ def run(args: argparse.Namespace) -> int:
         print("lumen generate: compiling the decoding step (about a minute on two cores the first time)...",
               file=sys.stderr)
     generator = torch.Generator().manual_seed(seed)
-    with decoding(loaded.model, args.compile) as decoder, \
-            contextlib.closing(decoder.stream(idx, args.max_new_tokens, sampling, generator)) as steps:
-        n, seconds = stream_text(steps, tok, sys.stdout)  # (the speed wing: compiled or packed, threads tuned)
+    recent: collections.deque[int] = collections.deque(maxlen=loaded.model.cfg.context)  # what a diagnosis reads
+    try:
+        # the speed wing (compiled or packed, threads tuned); greedy eager steps check their logits (finite_logits)
+        with decoding(loaded.model, args.compile) as decoder, \
+                finite_logits(loaded.model) if sampling.greedy and not args.compile else contextlib.nullcontext(), \
+                contextlib.closing(decoder.stream(idx, args.max_new_tokens, sampling, generator)) as steps:
+            n, seconds = stream_text(kept(steps, recent), tok, sys.stdout)
+    except (NonFiniteLogits, RuntimeError) as e:
+        # sampling: torch.multinomial refuses probabilities that are not finite (its own check: nothing added to
+        # a step); greedy: finite_logits. Then, once, where the forward pass went non-finite (lumen.inspect.finite)
+        if not isinstance(e, NonFiniteLogits) and "probability tensor contains" not in str(e):
+            raise
+        from ..inspect.finite import non_finite_error
+
+        seq = torch.tensor([(ids + list(recent))[-loaded.model.cfg.context:]])
+        raise non_finite_error(loaded.model, seq, args.model) from None
     if n > 1:
         print(f"lumen generate: {n} tokens, {(n - 1) / seconds:.1f} tokens/s after the first", file=sys.stderr)
     return 0
+
+
+class NonFiniteLogits(Exception):
+    """The last position's logits held NaN or infinity (see finite_logits)."""
+
+
+@contextlib.contextmanager
+def finite_logits(model):
+    """While decoding greedily: the last position's logits are checked as the unembedding makes them (argmax would
+    pick a NaN without complaint); a vocabulary-long check per token, next to a forward pass through every block."""
+    def check(module, args, out):
+        if not bool(torch.isfinite(out[:, -1]).all()):
+            raise NonFiniteLogits()
+
+    handle = model.lm_head.register_forward_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def kept(steps, recent: collections.deque):
+    """The decoding steps, unchanged, with the latest token ids kept in `recent` (bounded)."""
+    for nxt in steps:
+        recent.append(int(nxt[0]))
+        yield nxt
 
 
 def sampling_changes(args: argparse.Namespace) -> dict:
@@ -121,26 +163,36 @@ def describe(sampling: Sampling, source: str, seed: int) -> str:
 
 
 def stream_text(steps, tok, out) -> tuple[int, float]:
-    """Print each new piece of text as its tokens arrive; stop at the end-of-sequence token. Returns how many
-    tokens came and the seconds they took after the first (which holds the prompt and any compiling).
+    """Print each new piece of text as its tokens arrive; stop at the end-of-sequence token; return how many
+    tokens were printed and the seconds they took after the first (which holds the prompt and any compiling).
 
-    A character may span several byte-level tokens, so text is decoded from all new ids and only
-    the part past what was printed (and not ending in a half character) is written."""
-    new: list[int] = []
-    shown, start = "", 0.0
+    A character may span several byte-level tokens, and a decoder may treat a token at the start of the text
+    differently (a leading space dropped), so the tokens not yet printed are decoded after the last few printed
+    ones, and only what they add (not ending in a half character) is written. Memory and time per token stay
+    the same however long the output: nothing but that short tail is kept."""
+    tail: list[int] = []      # the last tokens printed: context for decoding the next ones
+    pending: list[int] = []   # tokens not yet printed
+    n, start = 0, 0.0
     for nxt in steps:
         token = int(nxt[0])
-        if not new:
+        if n == 0:
             start = time.perf_counter()
         if token == tok.eos_id:
             break
-        new.append(token)
-        text = tok.decode(new)
-        if not text.endswith("\ufffd") and text.startswith(shown):
-            out.write(text[len(shown):])
+        pending.append(token)
+        n += 1
+        before = tok.decode(tail)
+        text = tok.decode(tail + pending)
+        if (not text.endswith("\ufffd") and text.startswith(before)) or len(pending) >= HELD_TOKENS:
+            out.write(text[len(before):] if text.startswith(before) else tok.decode(pending))
             out.flush()
-            shown = text
-    text = tok.decode(new)
-    out.write(text[len(shown):] + "\n")
+            tail, pending = (tail + pending)[-TAIL_TOKENS:], []
+    before = tok.decode(tail)
+    text = tok.decode(tail + pending)
+    out.write((text[len(before):] if text.startswith(before) else tok.decode(pending)) + "\n")
     out.flush()
-    return len(new), time.perf_counter() - start
+    return n, time.perf_counter() - start
+
+
+TAIL_TOKENS = 8    # printed tokens kept as context for decoding the next
+HELD_TOKENS = 64   # tokens held back (a character still incomplete) before they are printed anyway

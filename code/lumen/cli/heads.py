@@ -13,6 +13,7 @@ from .models import (
     add_quiet_argument,
     add_text_arguments,
     at_least,
+    finite,
     load_with_tokenizer,
     output_dir,
     read_windows,
@@ -24,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     add_model_argument(p)
     add_text_arguments(p, seq_len=64, windows=4)
     p.add_argument("--half", type=int, default=32, help="length of the random sequence that is repeated")
-    p.add_argument("--threshold", type=float, default=0.4, help="a head 'is' of a kind above this score")
+    p.add_argument("--threshold", type=finite, default=0.4, help="a head 'is' of a kind above this score")
     add_out_argument(p, "write heads.png and heads.json into this folder")
     p.add_argument("--json", action="store_true", help="print JSON")
     add_quiet_argument(p)

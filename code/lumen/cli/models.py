@@ -4,6 +4,7 @@ text the inspection tools read (a corpus cut into windows of tokens)."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import torch
@@ -20,9 +21,38 @@ def add_model_argument(p: argparse.ArgumentParser, help: str = MODEL_HELP) -> No
 
 def add_out_argument(p: argparse.ArgumentParser, help: str, *old_names: str, default: str | None = None) -> None:
     """--out DIR, the one name of every command's output folder; old spellings still parse, unlisted."""
-    p.add_argument("--out", metavar="DIR", default=default, help=help)
+    p.add_argument("--out", metavar="DIR", default=default, type=path_text, help=help)
     for name in old_names:
-        p.add_argument(name, dest="out", metavar="DIR", help=argparse.SUPPRESS)
+        p.add_argument(name, dest="out", metavar="DIR", type=path_text, help=argparse.SUPPRESS)
+
+
+def path_text(text: str) -> str:
+    """An argparse type: a path, not empty (an empty one would mean the current folder, by accident)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a path")
+    return text
+
+
+def rate(text: str) -> float:
+    """An argparse type: a learning rate, a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def finite(text: str) -> float:
+    """An argparse type: a finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
 
 
 def add_quiet_argument(p: argparse.ArgumentParser) -> None:
@@ -31,12 +61,18 @@ def add_quiet_argument(p: argparse.ArgumentParser) -> None:
 
 
 def output_dir(path: str | Path, option: str = "--out") -> Path:
-    """A folder to write into (created when written): refuse a path that is an existing file, up front."""
-    out = Path(path)
-    for p in (out, *out.parents):
-        if p.exists() and not p.is_dir():
-            raise UserError(f"{option} {out}: {p} is a file, not a folder (give a folder to write into)")
-    return out
+    """A folder to write into (created when written), checked before anything is computed: no part of it is a
+    file and the nearest existing folder can be written (lumen.files.check_writable)."""
+    from ..files import check_writable
+
+    return check_writable(path, option)
+
+
+def output_file(path: str | Path, option: str = "--out") -> Path:
+    """A file to write (its folder created when written), checked like `output_dir`: not an existing folder."""
+    from ..files import check_writable
+
+    return check_writable(path, option, folder=False)
 
 
 def at_least(args: argparse.Namespace, *names: str, least: int = 1) -> None:
@@ -56,12 +92,17 @@ def add_text_arguments(p: argparse.ArgumentParser, seq_len: int, windows: int | 
     p.add_argument("--seed", type=int, default=0, help="which windows are drawn")
 
 
-def read_windows(model, tok, args: argparse.Namespace, split: str, count: int, seed: int) -> torch.Tensor:
-    """count windows of args.seq_len tokens of args.corpus (its train or val split), within the model's context."""
-    from ..inspect.corpus import token_windows
+def read_windows(model, tok, args: argparse.Namespace, split: str, count: int, seed: int,
+                 counted: str = "--windows") -> torch.Tensor:
+    """count windows of args.seq_len tokens of args.corpus (its train or val split), within the model's context;
+    `counted` names the options that set count, for the message when it is more than lumen reads."""
+    from ..inspect.corpus import MAX_TOKENS, token_windows
 
     if args.seq_len > model.cfg.context:
         raise UserError(f"--seq-len {args.seq_len} exceeds the model's context of {model.cfg.context}")
+    if count * args.seq_len > MAX_TOKENS:
+        raise UserError(f"{counted} ({count:,} windows) x --seq-len {args.seq_len:,} is {count * args.seq_len:,} "
+                        f"tokens, more than a command reads ({MAX_TOKENS:,}): give fewer")
     return token_windows(tok, args.corpus, split, count, args.seq_len, seed)
 
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from . import UserError
-from .models import add_model_argument, load_with_tokenizer
+from .models import add_model_argument, add_out_argument, load_with_tokenizer, output_dir
 
 METRICS = ("logit-diff", "logprob")
 KINDS = ("resid_pre", "attn_out", "mlp_out", "head")
@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--answer", metavar="TOK", help="the clean answer (default: the clean prompt's prediction)")
     p.add_argument("--wrong", metavar="TOK", help="the corrupt answer (default: the corrupt prompt's prediction)")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="which sites to patch (default all)")
-    p.add_argument("--out", metavar="DIR", help="write patching.json and patching.png here")
+    add_out_argument(p, "write patching.json and patching.png here")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     return p
 
@@ -49,6 +49,8 @@ def answers(model, tok, clean: list[int], corrupt: list[int], answer: str | None
 def run(args: argparse.Namespace) -> int:
     from ..inspect.patching import logit_diff, logprob, patching_maps
 
+    if args.out is not None:
+        output_dir(args.out)
     model, tok = load_with_tokenizer(args.model)
     clean, corrupt = tok.encode(args.clean), tok.encode(args.corrupt)
     if not clean or len(clean) != len(corrupt):

@@ -14,7 +14,7 @@ import time
 
 from ..errors import LumenError
 from ..train import PRESETS, TrainingInterrupted, load_config, to_toml, train
-from ..train.distributed import launched_by_torchrun, leave
+from ..train.distributed import PeerLost, launched_by_torchrun, leave
 
 ERROR_GRACE_S = 5.0
 
@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
                   f"  {resume_command(args)}" if e.checkpoint else
                   f"lumen train: interrupted at step {e.step} (save = false: nothing saved)", file=sys.stderr)
         return 130
+    except PeerLost as e:  # under torchrun: the first surviving process says it, the others stop quietly
+        if e.first:
+            print(f"lumen train: error: {e}", file=sys.stderr)
+        leave(2)
     except LumenError as e:
         if launched_by_torchrun():
             # every rank usually meets the same error: rank 0 says it, and torchrun stops the others while they

@@ -24,6 +24,7 @@ from .models import (
     at_least,
     load_with_tokenizer,
     output_dir,
+    rate,
     read_windows,
 )
 
@@ -36,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     add_model_argument(train)
     train.add_argument("--steps", type=int, default=24, help="optimizer steps")
     train.add_argument("--batch", type=int, default=1, help="windows per step")
-    train.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate, decayed linearly to 0")
+    train.add_argument("--lr", type=rate, default=3e-3, help="Adam learning rate, decayed linearly to 0")
     add_out_argument(train, f"write {LENS_FILE} and the report (tuned_lens.json, kl.png, perplexity.png) "
                             "into this folder (default: MODEL-NAME.tuned-lens)", "--report")
     evaluate = actions.add_parser("eval", help="compare a saved tuned lens with the logit lens on held-out text")
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     seconds = None
     if args.action == "train":
         out = out or output_dir(f"{model.cfg.name}.tuned-lens")
-        windows = read_windows(model, tok, args, "train", args.steps * args.batch, args.seed)
+        windows = read_windows(model, tok, args, "train", args.steps * args.batch, args.seed, "--steps x --batch")
         start = time.time()
         lens = train_tuned_lens(model, iter(windows.split(args.batch)), args.steps, args.lr)
         seconds = time.time() - start
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"saved {out / LENS_FILE} ({seconds:.0f}s, {windows.numel()} training tokens)", file=sys.stderr)
     else:
         lens = TunedLens.load(lens_file(args.lens), model)
-    held = read_windows(model, tok, args, "val", args.eval_windows, args.seed + 1)
+    held = read_windows(model, tok, args, "val", args.eval_windows, args.seed + 1, "--eval-windows")
     logit = evaluate_lens(model, LogitLens(model), held.split(2), desc="logit lens on held-out text")
     tuned = evaluate_lens(model, lens, held.split(2), desc="tuned lens on held-out text")
     n = len(logit["kl"])

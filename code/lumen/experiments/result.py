@@ -25,8 +25,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..errors import MissingFileError
-from ..files import atomic_path, write_text
+from ..errors import MissingFileError, UserError
+from ..files import atomic_path, read_json, write_text
 
 
 @dataclass
@@ -91,7 +91,7 @@ class Result:
         path = Path(folder) / "numbers.json"
         if not path.is_file():
             raise MissingFileError(f"no experiment result at {path} (run `lumen experiment NAME --out ...` first)")
-        d = json.loads(path.read_text())
+        d = read_json(path, "experiment result", UserError, f"write it again with `lumen experiment` --out {folder}")
         return cls(d["name"], d["claim"], [Table(t["title"], t["columns"], t["rows"]) for t in d["tables"]],
                    d["verdict"], d["numbers"], dict.fromkeys(d.get("figures", [])), d["notes"], d["quick"],
                    d["seed"], d["seconds"])

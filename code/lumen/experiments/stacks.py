@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn as nn
 
-from ..attention import MultiHeadAttention
+from ..attention import MultiHeadAttention, Padding
 from ..block import TransformerBlock, make_norm
 from ..config import ModelConfig
 from ..errors import UserError
@@ -26,7 +26,7 @@ class PlainBlock(TransformerBlock):
     Each layer replaces the stream instead of adding to it, so the gradient reaching the bottom is a
     product of every layer's Jacobian, with no identity term to carry it."""
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Padding | None = None, cache=None) -> torch.Tensor:
         x = self.drop(self.attn(self.ln1(x), mask, cache))   # gather from context, replace the stream
         x = self.mlp(self.ln2(x))                            # think per token, replace the stream
         return x

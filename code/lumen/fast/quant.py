@@ -220,10 +220,11 @@ class QuantEmbedding(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-def load_blocks(spec: str) -> Loaded:
+def load_blocks(spec: str, device: str | torch.device = "cpu") -> Loaded:
     """A GGUF model (smollm2 or a .gguf file) whose Q8_0/Q4_1 matrices stay as the file's blocks: every such
     linear layer a QuantLinear, the embedding a QuantEmbedding (a tied unembedding reads the same blocks),
-    the rest (the norms) as lumen.formats reads them. Activations are float32.
+    the rest (the norms) as lumen.formats reads them. Activations are float32. On a device other than the CPU
+    a decoded token's product is torch's formula (`Blocks.rounded_row_product`): quant.cpp is a CPU kernel.
 
         >>> loaded = load_blocks("smollm2")                         # doctest: +SKIP
         >>> loaded.model.blocks[0].attn.q                           # doctest: +SKIP
@@ -237,4 +238,4 @@ def load_blocks(spec: str) -> Loaded:
     embedding = parts.get("tok_emb")
     if w.cfg.tie_embeddings and isinstance(embedding, QuantEmbedding):
         parts["lm_head"] = QuantLinear(embedding.blocks)  # the same blocks, read as the unembedding
-    return Loaded(build(w, parts=parts), w.tokenizer, spec)
+    return Loaded(build(w, device, parts=parts), w.tokenizer, spec)

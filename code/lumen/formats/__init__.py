@@ -19,18 +19,18 @@ lumen.fast's, asked for explicitly.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..config import ModelConfig
-from ..errors import MissingFileError, UserError
+from ..errors import LumenError, MissingFileError, UserError
+from ..files import read_json
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
-from ..tokenizers import Tokenizer, read_json
-from .weights import Weights
+from ..tokenizers import Tokenizer
+from .weights import Weights, check_one_unembedding
 
 # named models -> the lumen.fetch artifact holding their GGUF file
 MODELS = {"smollm2": "smollm2"}
@@ -39,10 +39,6 @@ SPEC_FORMS = (
     f"a model name ({', '.join(MODELS)}), a .gguf file, a Hugging Face directory "
     "(config.json + model.safetensors), hf:ORG/NAME (the Hugging Face hub), or a lumen run/checkpoint directory"
 )
-
-
-class UnknownSpec(UserError):
-    """A spec that names no model lumen knows and no file or folder."""
 
 
 @dataclass
@@ -64,6 +60,7 @@ def load(spec: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
 def build(w: Weights, device: str | torch.device | None = "cpu", dtype: torch.dtype | None = torch.float32,
           parts: dict[str, torch.nn.Module] | None = None) -> GPT:
     """The GPT that read weights describe (GPT.from_state), with their sampling defaults."""
+    check_one_unembedding(w.cfg, w.state, w.source)
     model = GPT.from_state(w.cfg, w.state, w.source, device, dtype, parts)
     model.sampling = w.sampling
     return model
@@ -141,26 +138,42 @@ def resolve(spec: str, config_only: bool = False) -> tuple[str, Path]:
         from ..fetch import fetch
 
         return "gguf", fetch(MODELS[spec])
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise MissingFileError(f"no GGUF file at {path}{closest(path)}")
+    if path.suffix == ".gguf" and path.is_file():
         return "gguf", path
     if path.is_dir():
         return ("hf" if _is_hf_dir(path) else "run"), path
-    if path.exists() or any(c in spec for c in "/\\") or spec.startswith("."):
-        raise MissingFileError(f"no model at {path}: give {SPEC_FORMS}{closest(path)}")
-    raise UnknownSpec(f"unknown model {spec!r}: give {SPEC_FORMS}{closest(path)}")
+    raise unknown_spec(spec)
 
 
-def closest(path: Path) -> str:
-    """"; did you mean ...?" naming the existing entries beside `path` closest to its name, or ""."""
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        names = [p.name for p in parent.iterdir()] if parent.is_dir() else []
-    except OSError:
-        return ""
-    close = difflib.get_close_matches(path.name, names, n=2, cutoff=0.75)
-    return f"; did you mean {' or '.join(str(parent / c) for c in close)}?" if close else ""
+def unknown_spec(spec: str, names: tuple[str, ...] = tuple(MODELS), forms: str = SPEC_FORMS) -> LumenError:
+    """The error for a spec that names nothing lumen can load: for a path, the first part of it that does not
+    exist and the closest existing name there (a mistyped run directory: `runs/shakespear`, did you mean
+    runs/shakespeare?); for a bare word, the closest of `names`. `forms` lists what a spec may be.
+
+        >>> str(unknown_spec("smollm3")).split(":")[0]
+        "unknown model 'smollm3' (did you mean smollm2?)"
+    """
+    import difflib
+
+    path = Path(spec)
+    if path.exists():
+        what = "folder" if path.is_dir() else "file"
+        return UserError(f"{spec} is a {what} lumen cannot read as a model: give {forms}")
+    if len(path.parts) > 1 or spec.startswith("."):
+        parts = path.parts
+        i = next(i for i in range(len(parts), 0, -1) if Path(*parts[:i]).exists()) if Path(parts[0]).exists() else 0
+        base = Path(*parts[:i]) if i else Path(".")
+        missing, rest = parts[i], parts[i + 1:]
+        try:
+            entries = [p.name for p in base.iterdir()] if base.is_dir() else []
+        except OSError:
+            entries = []
+        close = difflib.get_close_matches(missing, entries, n=1, cutoff=0.6)
+        hint = f" (did you mean {Path(base, close[0], *rest) if i else Path(close[0], *rest)}?)" if close else ""
+        return MissingFileError(f"no model at {spec}: {base if i else 'this folder'} has no {missing!r}{hint}")
+    close = difflib.get_close_matches(spec, list(names), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return UserError(f"unknown model {spec!r}{hint}: give {forms}")
 
 
 def _is_hf_dir(path: Path) -> bool:
@@ -172,13 +185,9 @@ def _is_hf_dir(path: Path) -> bool:
 
 
 def chat_prompt(tok: Tokenizer, user_text: str) -> str:
-    """The model's chat template (Jinja, sandboxed) applied to one user message, ready for the reply."""
-    template = getattr(tok, "chat_template", None)
-    if not template:
+    """The model's chat template (Jinja, sandboxed and bounded: tokenizers.ChatTemplate) applied to one user
+    message, ready for the reply."""
+    template = getattr(tok, "chat", None)
+    if template is None:
         raise UserError("this model's tokenizer has no chat template (drop --chat and give a plain prompt)")
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    return env.from_string(template).render(
-        messages=[{"role": "user", "content": user_text}], add_generation_prompt=True
-    )
+    return template.render(user_text)

@@ -8,6 +8,11 @@
       trainer.pt          optimizer, schedule, RNG and data-position state (only in training runs)
       manifest.json       every other file's size and sha256, written last: `verify` checks it is intact
 
+A sharded run (parallel = "fsdp") writes `shards/` in place of model.safetensors: torch.distributed.checkpoint's
+folder (.metadata, and a __R_0.distcp file written by each rank R) holding the weights and AdamW's moments,
+each tensor in the pieces the ranks held. It resumes at any number of processes (`load_sharded`), and it
+loads wherever a run loads: `read_sharded_state` puts the pieces together into whole tensors.
+
 A run directory holds such checkpoints under `checkpoints/` and names its best one in `best.json`:
 
     >>> weights = read_run("runs/shakespeare")           # doctest: +SKIP
@@ -20,17 +25,28 @@ under a real name, and the previous checkpoints are never touched.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
+import pickle
 import re
+import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn as nn
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..config import ModelConfig
-from ..errors import CheckpointError, MissingFileError
+from ..errors import CheckpointError, LumenError, MissingFileError
 from ..fetch import sha256_of
-from ..files import atomic_dir, recover_dir
+from ..files import atomic_dir, read_json, recover_dir
 from ..model import GPT
 from ..tokenizers import FILENAME as TOKENIZER_FILE
 from ..tokenizers import Tokenizer
@@ -41,6 +57,8 @@ CONFIG = "config.json"
 META = "meta.json"
 TRAINER = "trainer.pt"
 MANIFEST = "manifest.json"
+SHARDS = "shards"  # a sharded checkpoint's torch.distributed.checkpoint folder
+SHARD_INDEX = f"{SHARDS}/.metadata"
 CHECKPOINTS = "checkpoints"
 BEST = "best.json"
 PREFIX = "step-"
@@ -72,7 +90,12 @@ def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def is_checkpoint(path: Path) -> bool:
-    return (path / WEIGHTS).is_file() and (path / CONFIG).is_file()
+    return ((path / WEIGHTS).is_file() or is_sharded(path)) and (path / CONFIG).is_file()
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether a checkpoint holds its weights as the shards of a sharded run (no model.safetensors)."""
+    return (path / SHARD_INDEX).is_file() and not (path / WEIGHTS).is_file()
 
 
 def step_of(path: Path) -> int | None:
@@ -107,9 +130,9 @@ def best_checkpoint(run_dir: str | Path) -> Path | None:
     """The checkpoint `best.json` names, if it still exists (None when best.json is missing or unreadable)."""
     pointer = Path(run_dir) / BEST
     try:
-        name = json.loads(pointer.read_text(encoding="utf-8"))["checkpoint"]
+        name = read_json(pointer, "best checkpoint", CheckpointError)["checkpoint"]
         path = Path(run_dir) / CHECKPOINTS / name
-    except (OSError, ValueError, KeyError, TypeError):
+    except (LumenError, KeyError, TypeError, ValueError):
         return None
     return path if path.parent.name == CHECKPOINTS and is_checkpoint(path) else None
 
@@ -139,7 +162,9 @@ def read_run(path: str | Path) -> Weights:
     tok = Tokenizer.load(tok_path) if tok_path.is_file() else None
     if tok is not None:
         tok.check_fits(cfg.vocab_size, str(tok_path))
-    return Weights(cfg, read_safetensors(ckpt / WEIGHTS), str(ckpt / WEIGHTS), tok)
+    weights = ckpt / (SHARDS if is_sharded(ckpt) else WEIGHTS)
+    state = read_sharded_state(ckpt) if is_sharded(ckpt) else read_safetensors(weights)
+    return Weights(cfg, state, str(weights), tok)
 
 
 def save_checkpoint(
@@ -166,10 +191,15 @@ def save_checkpoint(
     return Path(path)
 
 
-def write_manifest(ckpt: Path) -> None:
-    """manifest.json: the size and sha256 of every file in the checkpoint (written last)."""
-    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_of(f)}
-             for f in sorted(ckpt.iterdir()) if f.is_file() and f.name != MANIFEST}
+def write_manifest(ckpt: Path, hashed: dict[str, dict] | None = None) -> None:
+    """manifest.json: the size and sha256 of every file in the checkpoint, shards included (written last).
+    hashed: entries already computed (by the ranks that share a sharded checkpoint's hashing)."""
+    hashed = hashed or {}
+    files = {}
+    for f in sorted(ckpt.rglob("*")):
+        name = f.relative_to(ckpt).as_posix()
+        if f.is_file() and name != MANIFEST:
+            files[name] = hashed.get(name) or {"bytes": f.stat().st_size, "sha256": sha256_of(f)}
     (ckpt / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n")
 
 
@@ -177,23 +207,32 @@ def verify(ckpt: str | Path) -> None:
     """Check a checkpoint against its manifest (every file there, with its size and sha256); raise
     CheckpointError saying what is wrong."""
     ckpt = Path(ckpt)
+    if not (ckpt / MANIFEST).is_file():
+        raise CheckpointError(f"{ckpt} has no {MANIFEST}: it was not completely written")
+    manifest = read_json(ckpt / MANIFEST, "checkpoint manifest", CheckpointError, "the checkpoint is damaged")
+    listed = manifest.get("files") or {}  # (a manifest listing nothing fails below)
     try:
-        listed = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))["files"]
         entries = [(str(name), int(e["bytes"]), str(e["sha256"])) for name, e in listed.items()]
-    except FileNotFoundError:
-        raise CheckpointError(f"{ckpt} has no {MANIFEST}: it was not completely written") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise CheckpointError(f"{ckpt / MANIFEST} is damaged (not the manifest lumen writes)") from None
     for name, size, digest in entries:
         f = ckpt / name
-        if "/" in name or not f.is_file():
+        if not _listable(name) or not f.is_file():
             raise CheckpointError(f"{ckpt}: {name} is missing")
         if f.stat().st_size != size:
             raise CheckpointError(f"{f} has {f.stat().st_size:,} bytes, the manifest says {size:,}")
         if sha256_of(f) != digest:
             raise CheckpointError(f"{f} is damaged (its sha256 differs from the manifest's)")
-    if not {WEIGHTS, CONFIG} <= {name for name, _, _ in entries}:
-        raise CheckpointError(f"{ckpt / MANIFEST} does not list {WEIGHTS} and {CONFIG}")
+    names = {name for name, _, _ in entries}
+    if CONFIG not in names or not ({WEIGHTS, SHARD_INDEX} & names):
+        raise CheckpointError(f"{ckpt / MANIFEST} does not list {CONFIG} and {WEIGHTS} (or {SHARD_INDEX})")
+
+
+def _listable(name: str) -> bool:
+    """A name a manifest may list: a file of the checkpoint, or one directly inside its shards/ folder."""
+    parts = name.split("/")
+    return (len(parts) == 1 or (len(parts) == 2 and parts[0] == SHARDS)) and all(p not in ("", ".", "..")
+                                                                               for p in parts)
 
 
 def intact(ckpt: str | Path) -> bool:
@@ -232,3 +271,194 @@ _TRAINER_KEYS = {"optimizer": dict, "step": int, "tokens": int, "best": float, "
 
 def _looks_like_trainer_state(state: object) -> bool:
     return isinstance(state, dict) and all(isinstance(state.get(k), t) for k, t in _TRAINER_KEYS.items())
+
+
+# sharded checkpoints (parallel = "fsdp") -----------------------------------------------------------------
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The weights and the optimizer's state by parameter name, as this process holds them (a sharded
+    model's are its shards, DTensors): torch.distributed.checkpoint.state_dict's view, which is the same
+    for one process and for N. A tied unembedding is the embedding: kept once, under tok_emb.weight."""
+    weights, optim = get_state_dict(model, optimizer)
+    raw = unwrap(model)
+    if isinstance(raw, GPT) and raw.cfg.tie_embeddings:
+        weights.pop("lm_head.weight", None)
+    return weights, optim
+
+
+def save_sharded_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                            tokenizer: Tokenizer | None = None, meta: dict | None = None,
+                            trainer_state: dict | None = None) -> Path:
+    """Write a sharded checkpoint at path; every rank of the run calls it (one process alone writes every
+    shard). Each rank writes its own pieces of the weights and of AdamW's moments into `shards/` of rank 0's
+    temporary folder, and hashes a share of the shard files; rank 0 writes the config, tokenizer, trainer
+    state (with the optimizer's hyperparameters: the shards hold tensors only) and meta.json, then the
+    manifest, last, and renames the folder into place: a checkpoint appears whole or not at all.
+    Several machines need one shared filesystem at the same path (torch.distributed.checkpoint's own rule)."""
+    raw = unwrap(model)
+    assert isinstance(raw, GPT)
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    with atomic_dir(path) if main else contextlib.nullcontext() as tmp:
+        folder = Path(_from_rank0(str(tmp) if main else None)) / SHARDS
+        weights, optim = sharded_state(raw, optimizer)
+        try:
+            with _alone_is_fine():
+                dcp.save({"model": weights, "optimizer": optim["state"]}, storage_writer=dcp.FileSystemWriter(folder))
+        except CheckpointException as e:  # a rank's failure, told to every rank: a full disk is an OSError
+            raise next((f for f in failures(e) if isinstance(f, OSError)), e) from e
+        hashed = _hash_share(folder)
+        if main:
+            assert tmp is not None
+            raw.cfg.save(tmp / CONFIG)
+            if tokenizer is not None:
+                tokenizer.save(tmp)
+            if trainer_state is not None:
+                torch.save({**trainer_state, "optimizer": {"param_groups": optim["param_groups"]}}, tmp / TRAINER)
+            (tmp / META).write_text(json.dumps(meta or {}, indent=1) + "\n")
+            write_manifest(tmp, hashed)
+    return Path(path)
+
+
+def _from_rank0(value: str | None) -> str:
+    """Rank 0's value, on every rank."""
+    if not dist.is_initialized():
+        assert value is not None
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
+def _hash_share(folder: Path) -> dict[str, dict]:
+    """The manifest entries of the shard files, each rank hashing every N-th one (all of them, gathered)."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    mine = {f"{SHARDS}/{f.name}": {"bytes": f.stat().st_size, "sha256": sha256_of(f)}
+            for f in sorted(folder.iterdir())[rank::world] if f.is_file()}
+    if world == 1:
+        return mine
+    every: list = [None] * world
+    dist.all_gather_object(every, mine)
+    return {k: v for share in every for k, v in share.items()}
+
+
+def load_sharded(ckpt: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 param_groups: list[dict]) -> None:
+    """Put a sharded checkpoint's weights and AdamW state into a model being trained and its optimizer, at
+    any number of processes (every rank calls it; each reads the pieces of the shards that its own shards
+    now cover, so a checkpoint of 2 processes resumes at 1 or 4). param_groups: the trainer state's."""
+    folder = Path(ckpt) / SHARDS
+    weights, optim = sharded_state(model, optimizer)  # the optimizer's state made (zeros) to be read into
+    try:
+        with _alone_is_fine():
+            dcp.load({"model": weights, "optimizer": optim["state"]}, storage_reader=_ShardReader(folder))
+        raw = unwrap(model)
+        if isinstance(raw, GPT) and raw.cfg.tie_embeddings:  # stored once; the model's state names both
+            weights["lm_head.weight"] = weights["tok_emb.weight"]
+        set_state_dict(raw, optimizer, model_state_dict=weights,
+                       optim_state_dict={"state": optim["state"], "param_groups": param_groups})
+    except (CheckpointException, ValueError, KeyError) as e:
+        # (chained: a rank that is gone, inside torch's CheckpointException, is still seen as one by the caller)
+        raise CheckpointError(f"{folder} does not fit this model and optimizer ({_reason(e)}); resume with the "
+                              f"run's own settings, or from an earlier checkpoint") from e
+
+
+def read_sharded_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    """The whole weights of a sharded checkpoint, in one process, in lumen's names (what model.safetensors
+    holds for an unsharded one). Each tensor is allocated once, at its full size, after its shape is checked
+    against config.json; every rank's pieces are then read into place, so no second copy is ever held.
+
+        >>> state = read_sharded_state("runs/fsdp/checkpoints/step-000500")   # doctest: +SKIP
+        >>> model = GPT.from_state(ModelConfig.load(".../config.json"), state)
+    """
+    folder = Path(ckpt) / SHARDS
+    cfg = ModelConfig.load(Path(ckpt) / CONFIG)
+    reader = _ShardReader(folder)
+    stored = reader.read_metadata().state_dict_metadata
+    layers = {k.split(".")[2] for k in stored if k.startswith("model.blocks.")}
+    if len(layers) != cfg.n_layers:  # before a template of cfg is built: a config claiming 10^9 blocks builds none
+        raise CheckpointError(f"{folder} holds {len(layers)} blocks but {CONFIG} says n_layers = {cfg.n_layers}")
+    with torch.device("meta"):
+        template = GPT(cfg).state_dict()
+    state = {}
+    for name, want in template.items():
+        if cfg.tie_embeddings and name == "lm_head.weight":
+            continue
+        md = stored.get(f"model.{name}")
+        if not isinstance(md, dcp_metadata.TensorStorageMetadata) or tuple(md.size) != tuple(want.shape):
+            found = tuple(md.size) if isinstance(md, dcp_metadata.TensorStorageMetadata) else "nothing"
+            raise CheckpointError(f"{folder}: {name} is {found}, but {CONFIG} needs {tuple(want.shape)}; the "
+                                  f"shards and the config belong to different models")
+        if not md.properties.dtype.is_floating_point:
+            raise CheckpointError(f"{folder}: {name} has dtype {md.properties.dtype}; weights must be floating point")
+        if sum(math.prod(c.sizes) for c in md.chunks) != want.numel():  # the ranks' pieces tile the whole tensor
+            raise CheckpointError(f"{folder}: the pieces of {name} do not make up the whole tensor; the index is "
+                                  f"damaged")
+        state[name] = torch.empty(md.size, dtype=md.properties.dtype)
+    try:
+        with _alone_is_fine():
+            dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    except CheckpointException as e:  # a damaged shard fails anywhere in torch's reader, as trainer.pt does
+        raise CheckpointError(f"{folder} cannot be read ({_reason(e)}): it is damaged; use an earlier "
+                              f"checkpoint") from None
+    return state
+
+
+def failures(e: CheckpointException) -> list[BaseException]:
+    """The exceptions of the ranks that failed, which torch.distributed.checkpoint gathers into one."""
+    return [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of what went wrong (inside torch's CheckpointException: the first failed rank's)."""
+    if isinstance(e, CheckpointException) and failures(e):
+        e = failures(e)[0]
+    return ((str(e).strip().splitlines() or [type(e).__name__])[0] or type(e).__name__)[:160]
+
+
+@contextlib.contextmanager
+def _alone_is_fine():
+    """torch.distributed.checkpoint warns each time one process reads or writes without a process group:
+    lumen means it then (a single-process run, or loading a run to use it)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
+        yield
+
+
+class _ShardReader(dcp.FileSystemReader):
+    """torch.distributed.checkpoint's reader, except that its index (.metadata, a pickle) is read by an
+    unpickler that builds only the index's own record types, never arbitrary objects: a run directory from
+    elsewhere cannot run code. (The tensors themselves are read with torch.load(weights_only=True).)"""
+
+    def read_metadata(self, *args, **kwargs) -> dcp_metadata.Metadata:
+        path = Path(self.path) / ".metadata"
+        try:
+            md = _IndexUnpickler(io.BytesIO(path.read_bytes())).load()
+        except FileNotFoundError:
+            raise MissingFileError(f"{path} is missing: the checkpoint was not completely written") from None
+        except Exception as e:  # noqa: BLE001 - a damaged pickle fails anywhere in the unpickler (as trainer.pt does)
+            reason = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            raise CheckpointError(f"{path} is damaged or not a checkpoint index lumen reads ({reason})") from None
+        if not isinstance(md, dcp_metadata.Metadata) or not all(
+                isinstance(info, _StorageInfo) and "/" not in info.relative_path and info.relative_path != ".."
+                for info in (md.storage_data or {}).values()):
+            raise CheckpointError(f"{path} is not the index of a checkpoint in this folder")
+        md.storage_meta = md.storage_meta or dcp_metadata.StorageMeta()  # as torch's own reader does
+        md.storage_meta.load_id = self.load_id
+        return md
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    """Builds the record types of a torch.distributed.checkpoint index and nothing else."""
+
+    RECORDS = {("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")} | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.RECORDS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which no checkpoint index holds")

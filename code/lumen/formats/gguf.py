@@ -152,9 +152,13 @@ class _Header:
 
 
 def check_layout(path: Path) -> None:
-    """Walk a GGUF header before the gguf package reads it: every count and length fits in the file, value and
-    tensor types are known, names are unique, and each tensor's bytes lie inside the file, after the header,
-    overlapping no other tensor's (a damaged offset would otherwise read another tensor's weights)."""
+    """Walk a GGUF header before the gguf package reads it, making llama.cpp's checks (and one more): every count
+    and length fits in the bytes left (a count is never trusted to size anything), value and tensor types are
+    known, names are unique, dimensions are positive and their product stays below 2^63, each tensor's byte size
+    follows from its type and shape, and each tensor's offset is exactly where the ones before it end, aligned
+    (so a damaged offset, type or shape cannot make a tensor read another's bytes); the file ends with the
+    last tensor's bytes (and their padding), so a last tensor whose type was changed is caught too. Nothing is
+    read past the file's end and nothing is allocated for a claimed size."""
     h = _Header(path)
     try:
         _walk(h, path)
@@ -201,17 +205,23 @@ def _walk(h: _Header, path: Path) -> None:
             raise GGUFError(f"{path.name}: {_unsupported(name, GGMLQuantizationType(kind))}")
         if min(dims) < 1 or dims[0] % block or offset % alignment:
             raise h.fail(f"tensor {name} has dimensions {dims} or offset {offset:,} that do not fit its type")
-        n_bytes = math.prod(dims) // block * type_bytes
-        tensors[name] = (offset, n_bytes)
-    start = -(-h.pos // alignment) * alignment
-    end = start
-    for name, (offset, n_bytes) in sorted(tensors.items(), key=lambda kv: kv[1]):
-        if start + offset < end:
-            raise h.fail(f"tensor {name}'s bytes overlap another tensor's")
-        end = start + offset + n_bytes
-        if end > len(h.data):
-            raise GGUFError(f"{path.name} is truncated: tensor {name} needs bytes up to {end:,} but the file has "
-                            f"{len(h.data):,}; download it again")
+        if math.prod(dims) >= 2**63:  # ggml counts elements in an int64
+            raise h.fail(f"tensor {name}'s dimensions {dims} multiply to 2^63 elements or more")
+        tensors[name] = (offset, math.prod(dims) // block * type_bytes)
+    start = -(-h.pos // alignment) * alignment  # the data section, after the header's padding
+    size = 0  # where the next tensor must start: the ones before it, each padded to the alignment
+    for name, (offset, n_bytes) in tensors.items():
+        if offset != size:
+            raise GGUFError(f"{path.name} is not a readable GGUF file: tensor {name}'s data is at offset {offset:,}, "
+                            f"but the tensors before it end at {size:,} (its offset, or the type or shape of a tensor "
+                            "before it, was changed); download or convert it again")
+        if start + offset + n_bytes > len(h.data):
+            raise GGUFError(f"{path.name} is truncated: tensor {name} needs bytes up to {start + offset + n_bytes:,} "
+                            f"but the file has {len(h.data):,}; download it again")
+        size = offset + -(-n_bytes // alignment) * alignment
+    if tensors and len(h.data) > start + size:
+        raise GGUFError(f"{path.name} has {len(h.data) - start - size:,} bytes after its last tensor's: the type or "
+                        "shape of a tensor was changed, or data was appended; download or convert it again")
 
 
 def metadata(reader: GGUFReader) -> dict:

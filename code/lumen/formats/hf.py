@@ -28,10 +28,10 @@ import torch
 from ..config import ModelConfig
 from ..decode import Sampling
 from ..errors import ConfigError, FetchError, MissingFileError, ModelFileError, UserError
-from ..files import atomic_dir
+from ..files import atomic_dir, read_json
 from ..model import GPT
-from ..tokenizers import Tokenizer, read_json
-from .weights import Weights, read_safetensors
+from ..tokenizers import Tokenizer
+from .weights import Weights, check_one_unembedding, read_safetensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -329,6 +329,10 @@ def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
         t = _need(hf, hf_name.rstrip("*"))
         out[name] = t.t().contiguous() if hf_name.endswith("*") else t
     if cfg.tie_embeddings:
+        head = keys["lm_head.weight"].rstrip("*")
+        if head in hf:  # a tied model's file holding an unembedding of its own too
+            check_one_unembedding(cfg, {"tok_emb.weight": out["tok_emb.weight"], "lm_head.weight": hf[head]},
+                                  "the weights (tie_word_embeddings is true)")
         out["lm_head.weight"] = out["tok_emb.weight"]
     return out
 
@@ -428,12 +432,44 @@ def weight_files(path: Path) -> list[Path]:
         for n in names:
             if not (path / n).is_file():
                 raise MissingFileError(f"{path} lacks {n}, a shard that {index.name} names; download it again")
+        check_shard_index(index, weight_map)
         return [path / n for n in sorted(names)]
     if not (path / "model.safetensors").is_file():
         found = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))[:3]) or "none"
         raise MissingFileError(f"{path} has no model.safetensors or model.safetensors.index.json (*.safetensors "
                                f"found: {found}); pickled .bin files are not read: convert them")
     return [path / "model.safetensors"]
+
+
+def check_shard_index(index: Path, weight_map: dict[str, str]) -> None:
+    """A sharded directory's index and its shards agree, read from the shards' headers alone: every tensor is in
+    exactly one shard, the one the index names; no shard holds a tensor the index does not name. (Otherwise the
+    shard read last would silently win, or a stray copy of another model's tensor would load.)"""
+    from safetensors import SafetensorError, safe_open
+
+    held: dict[str, str] = {}
+    for shard in sorted(set(weight_map.values())):
+        try:
+            with safe_open(str(index.parent / shard), "pt") as f:
+                names = list(f.keys())
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise ModelFileError(f"{index.parent / shard} is not a readable safetensors file ({reason}): it is "
+                                 "truncated or damaged; download it again") from None
+        for name in names:
+            if name in held:
+                raise ModelFileError(f"{index.parent}: tensor {name} is in both {held[name]} and {shard}; the "
+                                     "shards disagree (download the model again)")
+            held[name] = shard
+    for name, shard in weight_map.items():
+        if held.get(name) != shard:
+            where = f"it is in {held[name]}" if name in held else "no shard holds it"
+            raise ModelFileError(f"{index}: puts tensor {name} in {shard}, but {where}; the index and the shards "
+                                 "disagree (download the model again)")
+    extra = sorted(held.keys() - weight_map.keys())
+    if extra:
+        raise ModelFileError(f"{index.parent}: {held[extra[0]]} holds tensor(s) {extra[:3]} that {index.name} does not "
+                             "name; the index and the shards disagree (download the model again)")
 
 
 def save_hf_dir(model: GPT, path: str | Path, tokenizer: Tokenizer | None = None) -> Path:

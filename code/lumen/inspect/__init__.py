@@ -14,12 +14,18 @@ and leaves the model's arithmetic alone.
     >>> with delete_blocks(model, [0]):                        # the model without block 0, for a while
     ...     logits_without, _ = model(idx)
 
-Where things are: cache.py (run_with_cache, capture, hooks, delete_blocks, replace_activation),
-lens.py (logit_lens, LogitLens, evaluate_lens), tuned_lens.py (TunedLens, train_tuned_lens),
-ablate.py (layer deletion on held-out text), neurons.py (MLP units), heads.py (attention-head scores).
+Where things are: hooks.py (run_with_hooks, hooked: the one hook mechanism), cache.py (run_with_cache,
+capture, delete_blocks, replace_activation), readout.py (Readout: the final norm and unembedding), stack.py
+(decompose, accumulated: the residual stream as a stack), lens.py (logit_lens, LogitLens, evaluate_lens),
+tuned_lens.py (TunedLens, train_tuned_lens), attribution.py (direct logit attribution), patching.py
+(activation patching), attribution_patching.py, path_patching.py, ablate.py (layer deletion on held-out
+text), neurons.py (MLP units), heads.py (attention-head scores), weights.py (head_weights: W_Q ... W_O per
+head). Every tool that reads prompts takes a padded `lumen.tokenizers.Batch` too.
 """
 
 from .ablate import deletion_table, heldout_loss
+from .attribution import Attribution, attribute, top_components
+from .attribution_patching import attribution_patching
 from .cache import (
     ActivationCache,
     UnknownActivation,
@@ -31,14 +37,22 @@ from .cache import (
     run_with_cache,
 )
 from .heads import head_scores, induction_scores, positional_scores
+from .hooks import hooked, run_with_hooks
 from .lens import Lens, LensResult, LogitLens, evaluate_lens, logit_lens
 from .neurons import scan_layer, top_activations, value_logits, value_tokens
+from .patching import Patching, PatchingSet, Site, logit_diff, logprob, patch, patching_maps
+from .path_patching import path_patching
+from .readout import Readout
+from .stack import Stack, accumulated, decompose
 from .tuned_lens import TunedLens, train_tuned_lens, unembedding_hash
+from .weights import HeadWeights, head_weights
 
 __all__ = [
-    "ActivationCache", "Lens", "LensResult", "LogitLens", "TunedLens", "activation_names", "capture",
-    "delete_blocks", "deletion_table", "evaluate_lens", "head_scores", "heldout_loss", "hooks",
-    "induction_scores", "logit_lens", "positional_scores", "replace_activation", "run_with_cache",
-    "scan_layer", "top_activations", "train_tuned_lens", "unembedding_hash", "value_logits", "value_tokens",
-    "UnknownActivation",
+    "ActivationCache", "Attribution", "HeadWeights", "Lens", "LensResult", "LogitLens", "Patching", "PatchingSet",
+    "Readout", "Site", "Stack", "TunedLens", "accumulated", "activation_names", "attribute", "attribution_patching",
+    "capture", "decompose", "delete_blocks", "deletion_table", "evaluate_lens", "head_scores", "head_weights",
+    "heldout_loss", "hooked", "hooks", "induction_scores", "logit_diff", "logit_lens", "logprob", "patch",
+    "patching_maps", "path_patching", "positional_scores", "replace_activation", "run_with_cache",
+    "run_with_hooks", "scan_layer", "top_activations", "top_components", "train_tuned_lens", "unembedding_hash",
+    "value_logits", "value_tokens", "UnknownActivation",
 ]

@@ -25,16 +25,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 
 from .. import names
-from ..block import LayerNorm, PostLNBlock, RMSNorm
 from ..errors import UserError
 from ..model import GPT
+from ..tokenizers import Batch, single_token
 from .cache import run_with_cache
+from .hooks import inputs
+from .readout import Readout
+from .stack import check_sum, check_sum_of_writes
 
-TOLERANCE = 1e-3   # the largest |stream - sum of its named writes|, relative to the stream's size
+__all__ = ["Attribution", "attribute", "single_token", "top_components"]
 
 
 @dataclass
@@ -76,127 +80,119 @@ class Attribution:
         }
 
 
-def readout_vector(norm: torch.nn.Module, x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(w, bias share): the final norm with its scale frozen at x's, followed by the read-out u.
-    x: the stream the norm read (T, d); u: (T, d) read-out directions. Any write c then adds c . w[t]
-    to position t's logit, and the norm's own bias adds the returned (T,) share (None: RMSNorm has no bias)."""
-    if not isinstance(norm, (LayerNorm, RMSNorm)):
-        raise UserError(f"direct logit attribution needs a final LayerNorm or RMSNorm; this model's is "
-                        f"{type(norm).__name__}")
-    x = x.double()
-    gu = norm.g.double() * u
-    if isinstance(norm, LayerNorm):
-        s = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)    # the scale the forward pass used
-        w = (gu - gu.mean(-1, keepdim=True)) / s      # centring a write is the same as centring the read-out
-        return w, (u * norm.b.double()).sum(-1)
-    s = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)                 # RMSNorm
-    return gu / s, None
+Targets = int | Sequence[int] | Sequence[Sequence[int]] | None
+Pair = tuple[int | Sequence[int], int | Sequence[int]]
 
 
-def single_token(tokenizer, text: str, what: str) -> int:
-    """The id of text if it is exactly one token of this tokenizer, else a clear error."""
-    ids = tokenizer.encode(text)
-    if len(ids) != 1:
-        pieces = [tokenizer.decode([i]) for i in ids]
-        raise UserError(f"{what} {text!r} is {len(ids)} tokens {pieces}, not one: give a single token "
-                        "(often with its leading space, e.g. ' Paris')")
-    return ids[0]
-
-
+@overload
+def attribute(model: GPT, idx: Batch, target: Targets = None, contrast: Pair | None = None,
+              tokenizer=None) -> list[Attribution]: ...
+@overload
+def attribute(model: GPT, idx: torch.Tensor | Sequence[int], target: Targets = None,
+              contrast: Pair | None = None, tokenizer=None) -> Attribution: ...
 @torch.no_grad()
 def attribute(
     model: GPT,
-    idx: torch.Tensor | Sequence[int],
-    target: int | Sequence[int] | None = None,
-    contrast: tuple[int, int] | None = None,
+    idx: torch.Tensor | Sequence[int] | Batch,
+    target: Targets = None,
+    contrast: Pair | None = None,
     tokenizer=None,
-) -> Attribution:
-    """Direct logit attribution for one prompt (ids (T,) or (1, T)) at every position.
+) -> Attribution | list[Attribution]:
+    """Direct logit attribution at every position of one prompt (ids (T,) or (1, T)), or of every prompt of
+    a padded `Batch` (a list, one Attribution per prompt, each what that prompt gets alone).
 
-    target: a token id (the same at every position) or one per position; default the model's own top-1
-    prediction at each position. contrast=(a, b) splits logit[a] - logit[b] instead.
+    target: a token id (the same at every position), one per position (one prompt), or one per prompt (a
+    batch); default the model's own top-1 prediction at each position. contrast=(a, b) splits
+    logit[a] - logit[b] instead; for a batch a and b may be one id per prompt.
     """
-    idx = torch.as_tensor(idx, dtype=torch.long, device=model.device)
-    if idx.dim() == 1:
-        idx = idx[None]
-    if idx.dim() != 2 or idx.size(0) != 1 or idx.size(1) == 0:
-        raise UserError(f"attribute reads one non-empty prompt: ids of shape (T,) or (1, T), got {tuple(idx.shape)}")
-    if any(isinstance(b, PostLNBlock) for b in model.blocks):
-        raise UserError("direct logit attribution needs pre-LN blocks: post-LN renormalises the stream in every "
-                        "block, so the final stream is not a sum of the blocks' writes")
-    if model.training:
-        raise UserError("attribute needs the model in eval mode (model.eval()): dropout would change the writes")
-    L, T = len(model.blocks), idx.size(1)
+    batched = isinstance(idx, Batch)
+    ids, mask = inputs(model, idx)
+    if ids.dim() != 2 or ids.size(1) == 0 or (not batched and ids.size(0) != 1):
+        raise UserError(f"attribute reads one non-empty prompt (ids of shape (T,) or (1, T)) or a Batch, got "
+                        f"{tuple(ids.shape)}")
+    check_sum_of_writes(model)
+    B, T = ids.shape
+    L = len(model.blocks)
     last = names.activation(L - 1, "resid_post")
-    kinds = ("attn_heads", "attn_out", "mlp_out")
+    kinds = ("z", "attn_out", "mlp_out")
     wanted = [names.EMBED, last] + [names.activation(i, k) for i in range(L) for k in kinds]
-    logits, cache = run_with_cache(model, idx, wanted)
-    logits = logits[0].double()                                                 # (T, V)
-    W_U = model.lm_head.weight                                                 # (V, d): row t reads token t
-    if contrast is not None:
-        a, b = contrast
-        tgt, minus = [int(a)] * T, [int(b)] * T
-        u = (W_U[a].double() - W_U[b].double()).expand(T, -1)
-        logit = logits[:, a] - logits[:, b]
-    else:
-        if target is None:
-            tgt = logits.argmax(-1).tolist()
-        elif isinstance(target, int):
-            tgt = [target] * T
-        else:
-            tgt = [int(t) for t in target]
-            if len(tgt) != T:
-                raise UserError(f"{len(tgt)} targets for a prompt of {T} tokens: give one, or one per position")
-        minus = None
-        u = W_U[tgt].double()
-        logit = logits[torch.arange(T), tgt]
-    x_final = cache[last][0]
-    w, bias_share = readout_vector(model.ln_f, x_final, u)                     # (T, d), (T,)
-
-    def share(c: torch.Tensor) -> torch.Tensor:
-        return (c[0].double() * w).sum(-1)
+    logits, cache = run_with_cache(model, ids, wanted, mask=mask)
+    logits = logits.double()                                                     # (B, T, V)
+    tgt, minus = _targets(logits, target, contrast, batched)                     # (B, T) each
+    readout = Readout(model)
+    W_U = readout.W_U
+    u = W_U[tgt].double() - (W_U[minus].double() if minus is not None else 0)   # (B, T, d)
+    logit = logits.gather(-1, tgt[..., None])[..., 0]
+    if minus is not None:
+        logit = logit - logits.gather(-1, minus[..., None])[..., 0]
+    x_final = cache[last]
+    w = readout.reading(u, readout.scale(x_final.double()))                      # (B, T, d)
 
     writes, rows = [], []
     embed = cache[names.EMBED]
     if model.pos_emb is not None:   # the token and the position write separately
-        tok = model.tok_emb(idx)
+        tok = model.tok_emb(ids)
         writes += [tok, embed - tok]
         rows += ["tok_emb", "pos_emb"]
     else:
         writes.append(embed)
         rows.append(names.EMBED)
     H = model.attention(0).n_heads
-    heads = torch.zeros(L, H, T, dtype=torch.float64)
-    attn_bias = torch.zeros(L, T, dtype=torch.float64)
+    heads = torch.zeros(L, H, B, T, dtype=torch.float64)
+    attn_bias = torch.zeros(L, B, T, dtype=torch.float64)
     for i in range(L):
         writes += [cache[names.activation(i, "attn_out")], cache[names.activation(i, "mlp_out")]]
         rows += [names.write(i, "attn"), names.write(i, "mlp")]
         out = model.attention(i).out
-        hd = out.in_features // H
-        v = w @ out.weight.double()                                             # (T, H * hd): W_O^T w per position
-        z = cache[names.activation(i, "attn_heads")][0].double()
-        heads[i] = (z * v).view(T, H, hd).sum(-1).T.cpu()
+        v = (w @ out.weight.double()).unflatten(-1, (H, -1))                       # (B, T, H, hd): W_O^T w
+        heads[i] = (cache[names.activation(i, "z")].double() * v).sum(-1).permute(2, 0, 1).cpu()
         if out.bias is not None:
             attn_bias[i] = (w @ out.bias.double()).cpu()
-    check_sum(x_final, writes)
-    shares = [share(c) for c in writes]
+    check_sum(x_final, sum(writes), mask)
+    shares = [(c.double() * w).sum(-1) for c in writes]
+    bias_share = readout.bias_share(u)
     if bias_share is not None:
         shares.append(bias_share)
         rows.append("ln_f.b")
-    values = torch.stack(shares).cpu()
-    ids = idx[0].tolist()
-    tokens = [tokenizer.decode([i]) for i in ids] if tokenizer is not None else [str(i) for i in ids]
-    return Attribution(ids, tokens, tgt, minus, rows, values, heads, attn_bias, logit.cpu())
+    values = torch.stack(shares).cpu()                                          # (C, B, T)
+    real = mask.cpu() if mask is not None else torch.ones(B, T, dtype=torch.bool)
+    found = []
+    for b in range(B):
+        cols = real[b]
+        row_ids = ids[b][cols.to(ids.device)].tolist()
+        tokens = [tokenizer.decode([i]) for i in row_ids] if tokenizer is not None else [str(i) for i in row_ids]
+        found.append(Attribution(row_ids, tokens, tgt[b][cols].tolist(),
+                                 minus[b][cols].tolist() if minus is not None else None, rows,
+                                 values[:, b][:, cols], heads[:, :, b][..., cols], attn_bias[:, b][:, cols],
+                                 logit[b].cpu()[cols]))
+    return found if batched else found[0]
 
 
-def check_sum(x_final: torch.Tensor, writes: list[torch.Tensor]) -> None:
-    """The final stream must be the sum of the named writes, or the attribution would not add up (a model
-    family whose blocks write something else into the stream needs its writes named here)."""
-    total = sum(c[0].double() for c in writes)
-    err = float((total - x_final.double()).abs().max())
-    if err > TOLERANCE * max(1.0, float(x_final.abs().max())):
-        raise UserError(f"this model's final stream is not embed + the blocks' attn_out and mlp_out (off by {err:.3g}):"
-                        " direct logit attribution cannot split it")
+def _targets(logits: torch.Tensor, target: Targets, contrast: Pair | None, batched: bool
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the token whose logit is split, the one subtracted or None), each (B, T), from attribute's arguments."""
+    B, T, _ = logits.shape
+
+    def grid(t: int | Sequence[int] | Sequence[Sequence[int]], what: str) -> torch.Tensor:
+        g = torch.as_tensor(t, dtype=torch.long)
+        if g.dim() == 0:
+            return g.expand(B, T)
+        if g.dim() == 1 and batched:
+            if len(g) != B:
+                raise UserError(f"{len(g)} {what}s for a batch of {B} prompts: give one, or one per prompt")
+            return g[:, None].expand(B, T)
+        if g.dim() == 1:
+            if len(g) != T:
+                raise UserError(f"{len(g)} {what}s for a prompt of {T} tokens: give one, or one per position")
+            return g[None]
+        raise UserError(f"{what} must be a token id or a list of them, got shape {tuple(g.shape)}")
+
+    if contrast is not None:
+        a, b = contrast
+        return grid(a, "answer").to(logits.device), grid(b, "contrast token").to(logits.device)
+    if target is None:
+        return logits.argmax(-1), None
+    return grid(target, "target").to(logits.device), None
 
 
 def top_components(a: Attribution, position: int = -1, n: int = 10) -> list[tuple[str, float]]:

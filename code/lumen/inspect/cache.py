@@ -1,4 +1,4 @@
-"""A named activation cache, and reversible surgery on a model, through plain forward hooks.
+"""A named activation cache, and reversible surgery on a model, through the hooks of lumen.inspect.hooks.
 
 Every activation has a stable name (the stream after the embedding, and per block i):
 
@@ -13,6 +13,10 @@ Every activation has a stable name (the stream after the embedding, and per bloc
     blocks.i.attn_heads     every head's output side by side, before attn.out writes them into the
                             stream (B, T, heads x head_dim): head h is the slice h*head_dim:(h+1)*head_dim
     final                   the final-normed stream that the unembedding reads
+
+and finer sites, kept when asked for by name (`names.DETAILS`): blocks.i.q, k, v (B, T, heads, d_head),
+attn_scores (B, heads, T, S), z (B, T, heads, d_head), ln1_scale and ln2_scale (B, T, 1), mlp_pre, and
+final_scale.
 
     >>> model = GPT.from_preset("baby-gpt", n_layers=4)       # a random model; load() gives trained ones
     >>> idx = torch.tensor([[20, 43, 50, 50, 53]])
@@ -29,128 +33,29 @@ the code it always runs. Nothing here changes the model's arithmetic.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 
 from .. import names
-from ..block import ParallelBlock, PostLNBlock, TransformerBlock
 from ..errors import UserError
-from ..model import GPT, plain_attention
+from ..model import GPT
+from ..tokenizers import Batch
+from .hooks import (
+    UnknownActivation,
+    activation_names,
+    check_layer,
+    hooked,
+    hooks,
+    inputs,
+    place,
+    unknown,
+)
 
-PER_BLOCK = names.ACTIVATIONS
-
-
-class UnknownActivation(UserError, KeyError):
-    """A name that is not an activation of this model (or not in this cache), with the closest valid ones.
-    A UserError (one line from the CLI) and a KeyError (what a dict lookup raises)."""
-
-    def __str__(self) -> str:  # KeyError would print the message quoted
-        return str(self.args[0])
-
-
-def unknown(name: str, valid: list[str], where: str = "") -> UnknownActivation:
-    """The error for a wrong name: the valid names closest to it (difflib), or how names are formed."""
-    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
-    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else (
-        f"names are embed, final and blocks.<i>.<{'|'.join(PER_BLOCK)}>")
-    return UnknownActivation(f"unknown activation {name!r}{where}: {hint}")
-
-
-def activation_names(model: GPT) -> list[str]:
-    """Every name the cache knows for this model, in the order the forward pass produces them."""
-    found = [names.EMBED]
-    for i, block in enumerate(model.blocks):
-        parallel = isinstance(block, ParallelBlock)
-        found += [names.activation(i, kind) for kind in PER_BLOCK if not (parallel and kind == "resid_mid")]
-    return found + [names.FINAL]
-
-
-def _site(model: GPT, name: str) -> tuple[nn.Module, str]:
-    """The module whose input ("pre") or output ("out") is the named activation."""
-    if name == names.EMBED:
-        return model.drop, "out"
-    if name == names.FINAL:
-        return model.ln_f, "out"
-    i, kind, _ = names.parse(name)
-    if i is None or kind not in PER_BLOCK:
-        raise unknown(name, activation_names(model))
-    check_layer(model, i)
-    block = model.blocks[i]
-    assert isinstance(block, TransformerBlock)
-    post_ln = isinstance(block, PostLNBlock)
-    if kind == "resid_pre":
-        return block, "pre"
-    if kind == "resid_post":
-        return block, "out"
-    if kind == "attn_out":
-        return block.attn, "out"
-    if kind == "mlp_out":
-        return block.mlp, "out"
-    if kind == "attn_pattern":
-        return block.attn.pattern, "out"
-    if kind == "attn_heads":
-        return block.attn.out, "pre"
-    if kind == "mlp_hidden":
-        return block.mlp.down, "pre"
-    # resid_mid: pre-LN reads it through ln2; post-LN's ln1 produces it; a parallel block has none
-    if isinstance(block, ParallelBlock):
-        raise UserError(f"{name}: block {i} is a parallel block (attention and MLP read the same stream), "
-                        "so there is no stream between them; use resid_pre or resid_post")
-    return (block.ln1, "out") if post_ln else (block.ln2, "pre_readonly")
-
-
-def check_layer(model: GPT, layer: int) -> int:
-    """layer itself if the model has a block with that index, else a clear ValueError."""
-    n = len(model.blocks)
-    if not 0 <= layer < n:
-        raise UserError(f"layer {layer} is out of range: this model has blocks 0..{n - 1}")
-    return layer
-
-
-def _pattern_layers(wanted: Iterable[str]) -> list[int]:
-    return [p.layer for p in map(names.parse, wanted) if p.kind == "attn_pattern" and p.layer is not None]
-
-
-@contextmanager
-def hooks(model: GPT, fns: dict[str, Callable[[torch.Tensor], torch.Tensor | None]]) -> Iterator[None]:
-    """Call fns[name](activation) wherever the named activation is produced; a function that returns a
-    tensor replaces the activation with it. All hooks are removed on exit.
-
-        >>> model, idx = GPT.from_preset("baby-gpt", n_layers=2), torch.tensor([[1, 2, 3]])
-        >>> with hooks(model, {"blocks.0.mlp_out": lambda a: torch.zeros_like(a)}):
-        ...     logits, _ = model(idx)
-    """
-    handles = []
-
-    def on_output(fn):
-        return lambda module, args, out: fn(out)
-
-    def on_input(fn, name, readonly):
-        def pre(module, args):
-            new = fn(args[0])
-            if new is None:
-                return None
-            if readonly:
-                raise UserError(f"{name} of a pre-LN block cannot be replaced in place "
-                                 "(replace the block's attn_out or resid_pre instead)")
-            return (new, *args[1:])
-        return pre
-
-    try:
-        for name, fn in fns.items():
-            module, where = _site(model, name)
-            if where == "out":
-                handles.append(module.register_forward_hook(on_output(fn)))
-            else:
-                handles.append(module.register_forward_pre_hook(on_input(fn, name, where == "pre_readonly")))
-        with plain_attention(model, _pattern_layers(fns)):
-            yield
-    finally:
-        for h in handles:
-            h.remove()
+__all__ = ["ActivationCache", "UnknownActivation", "activation_names", "capture", "check_layer", "delete_blocks",
+           "hooks", "replace_activation", "run_with_cache"]
 
 
 class ActivationCache(dict):
@@ -160,7 +65,7 @@ class ActivationCache(dict):
     def __missing__(self, name: str) -> torch.Tensor:
         if not isinstance(name, str):
             raise KeyError(name)
-        if names.parse(name).kind in (*PER_BLOCK, names.EMBED, names.FINAL):
+        if names.parse(name).kind in (*names.KINDS, names.EMBED, names.FINAL, names.FINAL_SCALE):
             close = difflib.get_close_matches(name, list(self), n=3, cutoff=0.6)
             also = f"; it holds e.g. {', '.join(repr(c) for c in close)}" if close else ""
             raise UnknownActivation(f"{name!r} is not in this cache (ask run_with_cache for it in names=, "
@@ -181,35 +86,37 @@ class ActivationCache(dict):
 
 def run_with_cache(
     model: GPT,
-    idx: torch.Tensor,
+    idx: torch.Tensor | Sequence[int] | Batch,
     names: Iterable[str] | Callable[[str], bool] | None = None,
     device: torch.device | str | None = None,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ActivationCache]:
     """Run the model once on token ids idx (B, T) and return (logits, cache of the named activations).
 
-    names: which activations to keep (a list, or a predicate on the name); default all of them.
-    Asking for an attn_pattern runs that layer's attention through the plain softmax path instead of the
-    fused kernel: the same math, rounded differently (logits agree to ~1e-6, not bit for bit).
+    names: which activations to keep: a list of names, a predicate on the name (over every site:
+    `activation_names(model, every=True)`), or None for the default set (`activation_names(model)`).
+    Asking for an attn_pattern or attn_scores runs that layer's attention through the plain softmax path
+    instead of the fused kernel: the same math, rounded differently (logits agree to ~1e-6, not bit for bit).
     device: where to keep them (e.g. "cpu" to spare accelerator memory); default where they were made.
+    mask (B, T): a padded batch's real tokens (or give a `lumen.tokenizers.Batch` as idx); what sits at the
+    padding's positions is of no meaning.
     """
-    everything = activation_names(model)
     if names is None:
-        wanted = everything
+        wanted = activation_names(model)
     elif callable(names):
-        wanted = [n for n in everything if names(n)]
+        wanted = [n for n in activation_names(model, every=True) if names(n)]
     else:
         wanted = list(names)
         for n in wanted:
-            _site(model, n)  # a clear error for an unknown name before running anything
+            place(model, n)  # a clear error for an unknown name before running anything
+    idx, mask = inputs(model, idx, mask)
     cache = ActivationCache()
 
-    def keep(name):
-        def fn(a):
-            cache[name] = a.detach().to(device) if device is not None else a.detach()
-        return fn
+    def keep(a: torch.Tensor, name: str) -> None:
+        cache[name] = a.detach().to(device) if device is not None else a.detach()
 
-    with torch.no_grad(), hooks(model, {n: keep(n) for n in wanted}):
-        logits, _ = model(idx)
+    with torch.no_grad(), hooked(model, [(n, keep) for n in wanted]):
+        logits, _ = model(idx, mask=mask)
     return logits, ActivationCache((n, cache[n]) for n in wanted if n in cache)
 
 
@@ -218,7 +125,8 @@ class _Captured(Exception):
 
 
 @torch.no_grad()
-def capture(model: GPT, idx: torch.Tensor, name: str) -> torch.Tensor:
+def capture(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, name: str, mask: torch.Tensor | None = None
+            ) -> torch.Tensor:
     """One named activation for token ids idx (B, T), running the model only as far as needed
     (the blocks above it are never computed).
 
@@ -228,13 +136,14 @@ def capture(model: GPT, idx: torch.Tensor, name: str) -> torch.Tensor:
     """
     got: list[torch.Tensor] = []
 
-    def stop(a: torch.Tensor) -> None:
+    def stop(a: torch.Tensor, name: str) -> None:
         got.append(a.detach())
         raise _Captured
 
-    with hooks(model, {name: stop}):
+    idx, mask = inputs(model, idx, mask)
+    with hooked(model, [(name, stop)]):
         try:
-            model(idx)
+            model(idx, mask=mask)
         except _Captured:
             pass
     return got[0]
@@ -278,9 +187,9 @@ def replace_activation(
         >>> with replace_activation(model, "blocks.2.mlp_out", lambda a: 0 * a):
         ...     logits, _ = model(idx)
     """
-    if _site(model, name)[1] == "pre_readonly":
+    if place(model, name).where == "readonly":
         raise UserError(f"{name} of a pre-LN block cannot be replaced in place "
                          "(replace the block's attn_out or resid_pre instead)")
     fn = value if callable(value) else (lambda a: value.to(a.dtype).expand_as(a))
-    with hooks(model, {name: fn}):
+    with hooked(model, [(name, lambda a, n: fn(a))]):
         yield model

@@ -18,6 +18,7 @@ from ..errors import UserError
 from ..tokenizers import Tokenizer
 
 SPLITS = ("train", "val")
+MAX_TOKENS = 2**24  # the most tokens one call reads (128 MiB of ids; hours of forward passes on a CPU)
 
 
 def token_windows(
@@ -30,6 +31,9 @@ def token_windows(
         raise UserError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if n < 1 or seq_len < 2:
         raise UserError(f"need at least one window of at least 2 tokens (got n={n}, seq_len={seq_len})")
+    if n * seq_len > MAX_TOKENS:
+        raise UserError(f"{n:,} windows of {seq_len:,} tokens are more than lumen reads at once ({MAX_TOKENS:,} "
+                        "tokens): ask for fewer")
     docs = read_corpus(corpus)
     train, val = split_documents(docs, SHAKESPEARE_VALIDATION if corpus == "shakespeare" else None)
     docs = train if split == "train" else val

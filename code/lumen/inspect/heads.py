@@ -22,13 +22,16 @@ from .. import names
 from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
+from ..tokenizers import Batch
 from .cache import run_with_cache
+from .hooks import inputs
 
 
-def patterns(model: GPT, idx: torch.Tensor) -> torch.Tensor:
-    """Every layer's attention pattern for token ids idx (B, T): (n_layers, B, heads, T, T)."""
+def patterns(model: GPT, idx: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Every layer's attention pattern for token ids idx (B, T): (n_layers, B, heads, T, T) (mask: a padded
+    batch's real tokens)."""
     wanted = [names.activation(i, "attn_pattern") for i in range(len(model.blocks))]
-    _, cache = run_with_cache(model, idx, wanted)
+    _, cache = run_with_cache(model, idx, wanted, mask=mask)
     return cache.stack("attn_pattern")
 
 
@@ -40,15 +43,25 @@ def repeated_random_tokens(vocab_size: int, n: int, half: int, seed: int = 0) ->
 
 
 @torch.no_grad()
-def positional_scores(model: GPT, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+def positional_scores(model: GPT, idx: torch.Tensor | Batch, mask: torch.Tensor | None = None
+                      ) -> dict[str, torch.Tensor]:
     """Previous-token and first-token scores (n_layers, heads), averaged over queries 2..T-1 of idx (B, T)
-    (from query 2 on, the previous and the first token are different keys)."""
-    if idx.size(1) < 3:
-        raise UserError(f"need windows of at least 3 tokens to score heads, got {idx.size(1)}")
-    a = patterns(model, idx)                                        # (L, B, H, T, T)
-    prev = a.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:]         # (L, B, H, T-2): weight on key t-1
-    first = a[..., 2:, 0]                                           # (L, B, H, T-2): weight on key 0
-    return {"previous_token": prev.mean((1, 3)), "first_token": first.mean((1, 3))}
+    (from query 2 on, the previous and the first token are different keys). A padded batch (a Batch, or
+    ids and a mask) counts every prompt's own queries 2.. and its own first token."""
+    ids, mask = inputs(model, idx, mask)
+    real = mask if mask is not None else torch.ones_like(ids, dtype=torch.bool)
+    pos = real.cumsum(-1) - 1                                       # each token's position in its prompt
+    if int(real.sum(-1).min()) < 3:
+        raise UserError(f"need windows of at least 3 tokens to score heads, got {int(real.sum(-1).min())}")
+    a = patterns(model, ids, mask)                                  # (L, B, H, T, T)
+    query = real & (pos >= 2)                                       # (B, T): the queries scored
+    first = real.int().argmax(-1)                                   # (B,): each prompt's first token's column
+    prev = a.diagonal(offset=-1, dim1=-2, dim2=-1)                  # (L, B, H, T-1): query t's weight on key t-1
+    on_first = a.gather(-1, first.view(1, -1, 1, 1, 1).expand(*a.shape[:-1], 1))[..., 0]   # (L, B, H, T)
+    w = query.to(a.dtype)
+    n = w.sum()
+    return {"previous_token": (prev * w[None, :, None, 1:]).sum((1, 3)) / n,
+            "first_token": (on_first * w[None, :, None]).sum((1, 3)) / n}
 
 
 @torch.no_grad()
@@ -63,12 +76,12 @@ def induction_scores(model: GPT, n: int = 4, half: int = 32, seed: int = 0) -> t
     return diag[..., 1:].mean((1, 3))
 
 
-def head_scores(model: GPT, text: torch.Tensor, n_random: int = 4, half: int = 32, seed: int = 0
-                ) -> dict[str, torch.Tensor]:
-    """All three scores (n_layers, heads): previous- and first-token on text windows (B, T),
-    induction on repeated random tokens."""
+def head_scores(model: GPT, text: torch.Tensor | Batch, n_random: int = 4, half: int = 32, seed: int = 0,
+                mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """All three scores (n_layers, heads): previous- and first-token on text windows (B, T) (or a padded
+    Batch), induction on repeated random tokens."""
     with progress(total=2, desc="scoring heads", unit="pass") as bar:
-        scores = positional_scores(model, text.to(model.device))
+        scores = positional_scores(model, text, mask)
         bar.update()
         scores["induction"] = induction_scores(model, n_random, half, seed)
         bar.update()

@@ -7,13 +7,16 @@ own final norm and unembedding, and watch the prediction form.
 
 Row l of a result is the stream after l blocks, named as everywhere in lumen (`names.stream`): row 0
 "embed" (the embedding), row l "block l-1"; the last row, the last block's output, is read exactly as the
-model reads it.
+model reads it. A padded `Batch` of prompts gives one result per prompt, each what the prompt gets alone.
+The lens of chosen tokens, or of a logit difference, per layer and position and for a whole batch at once:
+``lumen.inspect.stack.accumulated(model, batch).logit_diff(a, b)``, (layers + 1, B, T).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 import torch.nn as nn
@@ -23,7 +26,10 @@ from .. import names
 from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
+from ..tokenizers import Batch
 from .cache import run_with_cache
+from .hooks import inputs
+from .readout import Readout
 
 MAX_CHUNK_BYTES = 256 * 2**20  # how many layers' logits to hold at once
 
@@ -45,8 +51,8 @@ class Lens(nn.Module):
         return h
 
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
-        """The model's own read-out: final norm, then the unembedding."""
-        return self.model.lm_head(self.model.ln_f(h))
+        """The model's own read-out: final norm, then the unembedding (`Readout`)."""
+        return Readout(self.model)(h)
 
     def forward(self, h: torch.Tensor, layer: int) -> torch.Tensor:
         return self.unembed(self.translate(h, layer))
@@ -56,10 +62,11 @@ class LogitLens(Lens):
     """The final norm and unembedding applied unchanged to every layer's stream."""
 
 
-def streams(model: GPT, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the model's logits (B, T, V), the stream after every layer (n_layers + 1, B, T, d)) in one forward."""
+def streams(model: GPT, idx: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the model's logits (B, T, V), the stream after every layer (n_layers + 1, B, T, d)) in one forward
+    (mask: a padded batch's real tokens)."""
     wanted = [names.EMBED] + [names.activation(i, "resid_post") for i in range(len(model.blocks))]
-    logits, cache = run_with_cache(model, idx, wanted)
+    logits, cache = run_with_cache(model, idx, wanted, mask=mask)
     return logits, cache.streams()
 
 
@@ -137,28 +144,41 @@ def _token_texts(tokenizer, ids: Iterable[int]) -> list[str]:
     return [tokenizer.decode([int(i)]) for i in ids]
 
 
+@overload
+def logit_lens(model: GPT, idx: Batch, lens: Lens | None = None, k: int = 5, tokenizer=None) -> list[LensResult]: ...
+@overload
+def logit_lens(model: GPT, idx: torch.Tensor | Sequence[int], lens: Lens | None = None, k: int = 5,
+               tokenizer=None) -> LensResult: ...
 @torch.no_grad()
 def logit_lens(
     model: GPT,
-    idx: torch.Tensor | Sequence[int],
+    idx: torch.Tensor | Sequence[int] | Batch,
     lens: Lens | None = None,
     k: int = 5,
     tokenizer=None,
-) -> LensResult:
+) -> LensResult | list[LensResult]:
     """Run the model once on one prompt (ids (T,) or (1, T)) and read every layer through `lens`
-    (default: the logit lens). The unembeddings of many layers are batched into one matmul."""
-    idx = torch.as_tensor(idx, dtype=torch.long, device=model.device)
-    if idx.dim() == 1:
-        idx = idx[None]
-    if idx.dim() != 2 or idx.size(0) != 1:
-        raise UserError(f"logit_lens reads one prompt: ids of shape (T,) or (1, T), got {tuple(idx.shape)}")
-    if idx.size(1) == 0:
+    (default: the logit lens); or on a padded `Batch`, one result per prompt. The unembeddings of many
+    layers are batched into one matmul."""
+    batched = isinstance(idx, Batch)
+    ids, mask = inputs(model, idx)
+    if ids.dim() != 2 or (ids.size(0) != 1 and not batched):
+        raise UserError(f"logit_lens reads one prompt (ids of shape (T,) or (1, T)) or a Batch, got {tuple(ids.shape)}")
+    if ids.size(1) == 0:
         raise UserError("empty prompt: give at least one token")
     lens = lens if lens is not None else LogitLens(model)
-    logits, hs = streams(model, idx)
-    hs = hs[:, 0]                                              # (layers, T, d)
-    final_logp = F.log_softmax(logits[0].float(), -1)          # (T, V) the model's own output
-    targets = idx[0, 1:]
+    logits, hs = streams(model, ids, mask)
+    found = []
+    for b in range(ids.size(0)):
+        cols = mask[b] if mask is not None else slice(None)
+        found.append(_read(lens, hs[:, b, cols], logits[b, cols], ids[b, cols], k, tokenizer))
+    return found if batched else found[0]
+
+
+def _read(lens: Lens, hs: torch.Tensor, logits: torch.Tensor, idx: torch.Tensor, k: int, tokenizer) -> LensResult:
+    """One prompt's lens: hs (layers, T, d) its streams, logits (T, V) the model's, idx (T,) its ids."""
+    final_logp = F.log_softmax(logits.float(), -1)             # (T, V) the model's own output
+    targets = idx[1:]
     parts: dict[str, list[torch.Tensor]] = {n: [] for n in ("top_p", "top_i", "p_next", "rank", "ent", "kl", "final")}
     final_top1 = final_logp.argmax(-1)                         # (T,)
     T, V = final_logp.shape
@@ -177,7 +197,7 @@ def logit_lens(
         # elementwise, then summed (not one long dot product): the last layer's KL is 0 to float precision
         parts["kl"].append(F.kl_div(logp, final_logp, reduction="none", log_target=True).sum(-1))
     cat = {n: torch.cat(v).cpu() for n, v in parts.items()}
-    ids = idx[0].tolist()
+    ids = idx.tolist()
     tokens = _token_texts(tokenizer, ids) if tokenizer is not None else [str(i) for i in ids]
     texts = {}
     if tokenizer is not None:

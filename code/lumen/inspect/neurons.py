@@ -22,7 +22,7 @@ from ..block import LayerNorm, TransformerBlock
 from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
-from ..tokenizers import Tokenizer
+from ..tokenizers import Batch, Tokenizer
 from .cache import capture, check_layer
 
 
@@ -74,16 +74,23 @@ def value_tokens(model: GPT, tokenizer: Tokenizer, layer: int, unit: int, k: int
 
 @torch.no_grad()
 def top_activations(
-    model: GPT, windows: torch.Tensor, layer: int, k: int = 10, batch: int = 8
+    model: GPT, windows: torch.Tensor | Batch, layer: int, k: int = 10, batch: int = 8,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For every unit of block `layer`'s MLP, its k largest activations over token windows (N, T):
-    (values (units, k), flat positions (units, k) into windows.flatten()). Runs the blocks up to `layer` only."""
+    (values (units, k), flat positions (units, k) into windows.flatten()). Runs the blocks up to `layer` only.
+    A padded batch (a Batch, or windows and a mask) counts its real tokens only."""
+    if isinstance(windows, Batch):
+        mask, windows = windows.mask, windows.ids
     check_layer(model, layer)
     best_v: torch.Tensor | None = None
     best_i: torch.Tensor | None = None
     for start in progress(range(0, windows.size(0), batch), desc=f"reading block {layer}'s MLP", unit="batch"):
         x = windows[start : start + batch].to(model.device)
-        acts = capture(model, x, names.activation(layer, "mlp_hidden")).flatten(0, 1).float().cpu()  # (B*T, units)
+        m = mask[start : start + batch].to(model.device) if mask is not None else None
+        acts = capture(model, x, names.activation(layer, "mlp_hidden"), m).flatten(0, 1).float().cpu()  # (B*T, units)
+        if m is not None:   # padding never counts as a trigger
+            acts = acts.masked_fill(~m.flatten().cpu()[:, None], float("-inf"))
         pos = torch.arange(start * windows.size(1), start * windows.size(1) + acts.size(0))
         kk = min(k, acts.size(0))
         v, i = acts.topk(kk, dim=0)                                    # (kk, units)

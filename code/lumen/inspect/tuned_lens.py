@@ -13,6 +13,7 @@ applied to a model it was not trained for.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -139,6 +140,8 @@ def train_tuned_lens(
     """
     if steps < 1:
         raise UserError(f"steps must be at least 1, got {steps}")
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise UserError(f"lr must be a finite number above 0, got {lr}")
     lens = lens if lens is not None else TunedLens(model)
     opt = torch.optim.Adam(lens.translators.parameters(), lr=lr)
     fresh = all(not t.get_parameter("lin.weight").detach().any() for t in lens.translators)

@@ -19,21 +19,31 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from ..config import ModelConfig
 from ..data import TokenData, prepare
 from ..errors import ConfigError, LumenError, MissingFileError
+from ..files import read_toml
+from ..threads import check_threads
 from ..tokenizers import Tokenizer
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+
+# how processes started by torchrun share a run: DistributedDataParallel or fully sharded (FSDP2)
+PARALLEL = ("ddp", "fsdp")
+MAX_SAMPLE_TOKENS = 2**16  # the longest sample text a run writes at each evaluation
 
 
 @dataclass
@@ -62,6 +72,7 @@ class TrainConfig:
     dtype: str = "auto"  # auto (bf16 where supported) | float32 | bfloat16
     compile: bool = False  # torch.compile the model
     threads: int = 0  # torch CPU threads; 0 = chosen as the run goes (lumen.threads), N pins N
+    parallel: str = "ddp"  # under torchrun: ddp (a whole copy per process) | fsdp (sharded: lumen.train.distributed)
     seed: int = 1337
     # watching and keeping
     out_dir: str = "runs/run"
@@ -106,6 +117,9 @@ class TrainConfig:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"dtype must be auto, float32 or bfloat16; got {self.dtype!r}")
+        if self.parallel not in PARALLEL:
+            raise ConfigError(f"parallel must be {' or '.join(PARALLEL)}, got {self.parallel!r} (ddp: every process "
+                              f"holds the whole model; fsdp: each holds a shard of it)")
         corpus = [self.corpus] if isinstance(self.corpus, str) else self.corpus
         if not corpus or any(not c.strip() for c in corpus):
             raise ConfigError(f"corpus {self.corpus!r} names nothing: give \"shakespeare\" or text files, "
@@ -118,6 +132,13 @@ class TrainConfig:
                               f"got {self.vocab_size}")
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.sample_tokens > MAX_SAMPLE_TOKENS:
+            raise ConfigError(f"sample_tokens {self.sample_tokens:,} is more than a sample holds (at most "
+                              f"{MAX_SAMPLE_TOKENS:,}: it is printed at every evaluation); use lumen generate for more")
+        check_threads(self.threads, "threads", ConfigError)
+        from .machine import resolve_device  # (machine.py reads this module)
+
+        resolve_device(self.device)  # a device this machine has, now rather than after the data is prepared
 
     @property
     def windows_per_step(self) -> int:
@@ -146,6 +167,38 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def check_memory(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device) -> None:
+    """Refuse, before anything is built, a run that cannot fit in the device's memory: a lower bound on what it
+    needs (the weights, their gradients and AdamW's two moments, 16 bytes per parameter in float32; the logits
+    of one micro-batch and their gradient; the stream each block keeps for the backward pass; the window
+    offsets of one step) against the device's total memory. A bound from below never refuses a run that fits;
+    it catches a batch_size or d_model off by orders of magnitude, which would fail deep inside torch."""
+    from ..accounting import count
+
+    tokens = cfg.batch_size * model_cfg.context  # one micro-batch
+    # per token: the logits and their gradient in float32 (the loss reads a float32 copy), and what each block
+    # keeps for the backward pass, at bfloat16's 2 bytes (its input and attention output, the MLP's hidden units)
+    per_token = 8 * model_cfg.vocab_size + 2 * model_cfg.n_layers * (4 * model_cfg.d_model + 2 * model_cfg.hidden)
+    need = 16 * count(model_cfg).total + tokens * per_token + 8 * cfg.windows_per_step
+    have = device_memory(device)
+    if have and need > have:
+        raise ConfigError(
+            f"this run needs at least {need / 2**30:,.1f} GiB (batch_size {cfg.batch_size:,} x grad_accum "
+            f"{cfg.grad_accum:,} windows of {model_cfg.context:,} tokens, a model of d_model {model_cfg.d_model:,} "
+            f"x {model_cfg.n_layers:,} blocks) but the {device.type} device has {have / 2**30:,.1f} GiB: "
+            "lower batch_size (raise grad_accum for the same batch), model.context or the model's size")
+
+
+def device_memory(device: torch.device) -> int:
+    """The total memory of a device in bytes (0 if unknown): a GPU's own, else the machine's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # (no sysconf on this system)
+        return 0
 
 
 def _hints(cls: type) -> dict[str, object]:
@@ -282,14 +335,7 @@ def load_config(
         p = Path(path)
         if not p.is_file():
             raise MissingFileError(f"no config file {p} (give a TOML file or --preset {'|'.join(PRESETS)})")
-        try:
-            raw = tomllib.loads(p.read_bytes().decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{p}: not valid TOML ({e})") from None
-        except OSError as e:
-            raise ConfigError(f"{p}: cannot be read ({e.strerror or e})") from None
+        raw = read_toml(p, "training config")
         where = str(p)
     else:
         raw, where = {}, "config"

@@ -32,7 +32,7 @@ from ..errors import ConfigError, TrainingError, UserError
 from ..model import GPT
 from ..threads import ThreadTuner
 from . import distributed
-from .config import TrainConfig
+from .config import TrainConfig, check_memory
 from .machine import TrainingInterrupted, ctrl_c, resolve_device, run_settings, training_attention, use_bf16
 from .optim import clip_and_step, lr_at, make_optimizer, set_lr
 from .result import TrainResult, summary_line
@@ -65,10 +65,12 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig | None = None, *, resume: boo
     with run_settings(cfg):
         try:
             trainer = Trainer(cfg, model_cfg, data, model)
-            result = trainer.run(resume)
-            # every rank has finished (rank 0 has written its files) before any closes its connections; how a
-            # torchrun worker then ends its process: distributed.leave
-            distributed.barrier(trainer.dist)
+            # a process of the run that dies takes the others down, in one line (not a hang)
+            with distributed.stop_together(trainer.dist, trainer.kept):
+                result = trainer.run(resume)
+                # every rank has finished (rank 0 has written its files) before any closes its connections; how
+                # a torchrun worker then ends its process: distributed.leave
+                distributed.barrier(trainer.dist)
             return result
         finally:
             distributed.shutdown()
@@ -97,26 +99,38 @@ class Trainer:
             raise UserError(f"the model's vocab_size {model.cfg.vocab_size} differs from the tokenizer's "
                             f"{self.tokenizer.vocab_size}")
         self.T = self.model_cfg.context
+        check_memory(cfg, self.model_cfg, self.device)
         self.data.check_context(self.T)
         val_starts = self.data.even_starts("val", self.T, cfg.eval_windows)  # what evaluate() reads
         self.val_chars_per_token = self.data.chars("val", val_starts, self.T) / (len(val_starts) * self.T)
 
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.raw = (model if model is not None else GPT(self.model_cfg)).to(self.device).train()
+        self.bf16 = use_bf16(cfg.dtype, self.device)
+        self.sharded = cfg.parallel == "fsdp"  # checkpoints of shards (at any number of processes)
+        self.fsdp = self.sharded and d.active  # every rank takes part in every forward pass
+        if self.fsdp:
+            distributed.shard(self.raw, d, self.device, self.bf16)  # before the optimizer: it steps the shards
         self.opt = make_optimizer(self.raw, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
         self.gen = torch.Generator().manual_seed(cfg.seed)  # the data position: which windows come next
         torch.manual_seed(cfg.seed + 1 + d.rank)  # dropout noise differs per rank
         self.step, self.tokens, self.best = 0, 0, math.inf
-        self.bf16 = use_bf16(cfg.dtype, self.device)
         # torch.compile of a Module returns a Module (OptimizedModule); its stubs say only "a callable"
-        self.fwd: nn.Module = torch.compile(self.raw, options=COMPILE_OPTIONS) if cfg.compile else self.raw  # type: ignore[assignment]
-        if d.active:
+        self.fwd: nn.Module = self.raw
+        if cfg.compile and self.fsdp:  # block by block: FSDP's gathers run between the compiled graphs
+            for block in self.raw.blocks:
+                block.compile(options=COMPILE_OPTIONS)
+        elif cfg.compile:
+            self.fwd = torch.compile(self.raw, options=COMPILE_OPTIONS)  # type: ignore[assignment]
+        self.ddp = d.active and not self.fsdp
+        if self.ddp:
             self.fwd = nn.parallel.DistributedDataParallel(
                 self.fwd, device_ids=[d.local_rank] if self.device.type == "cuda" else None)
         self.run_dir = RunDir(cfg.out_dir) if cfg.save else None
         self.writes = cfg.save and d.main
         self.talks = cfg.progress and d.main
         self.history: list[dict] = []
+        self.saved: tuple[int, Path | None] | None = None  # the step this session last saved, and where
 
     def run(self, resume: bool) -> TrainResult:
         cfg = self.cfg
@@ -168,8 +182,8 @@ class Trainer:
         )
         if self.writes:
             assert self.run_dir is not None  # writes implies cfg.save
-            self.run_dir.write_summary(result.summary(processes=self.dist.world, bf16=self.bf16,
-                                                      device=str(self.device)))
+            self.run_dir.write_summary(result.summary(processes=self.dist.world, parallel=self.cfg.parallel,
+                                                      bf16=self.bf16, device=str(self.device)))
         if self.talks:
             print(summary_line(result), file=sys.stderr)
         return result
@@ -184,10 +198,11 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for m, window in enumerate(mine):
             x, y = (t.to(self.device, non_blocking=True) for t in self.data.batch("train", window, self.T))
-            # DDP all-reduces gradients after the last micro-batch only
+            # DDP all-reduces gradients after the last micro-batch only; FSDP reduce-scatters after each one, so
+            # that no rank ever holds a whole gradient
             last = m == self.micro_steps - 1
-            # when d.active, fwd is a DistributedDataParallel; its declared type, nn.Module, does not show no_sync
-            with contextlib.nullcontext() if last or not d.active else self.fwd.no_sync():  # type: ignore[operator]
+            # when self.ddp, fwd is a DistributedDataParallel; its declared type, nn.Module, does not show no_sync
+            with contextlib.nullcontext() if last or not self.ddp else self.fwd.no_sync():  # type: ignore[operator]
                 with self.autocast(), training_attention(self.raw, cfg.compile, self.bf16):
                     _, loss = self.fwd(x, y)
                 (loss / self.micro_steps).backward()  # the mean over micro-batches, accumulated in .grad
@@ -211,8 +226,12 @@ class Trainer:
         self.raw.eval()
         starts = self.data.even_starts("val", self.T, self.cfg.eval_windows)
         total = torch.zeros(2, dtype=torch.float64)
-        for chunk in starts[self.dist.rank::self.dist.world].split(self.cfg.batch_size):
-            x, y = (t.to(self.device) for t in self.data.batch("val", chunk, self.T))
+        chunks = list(starts[self.dist.rank::self.dist.world].split(self.cfg.batch_size))
+        if self.fsdp:  # every rank makes as many forward passes (each gathers the weights): a short one adds one
+            most = math.ceil(math.ceil(len(starts) / self.dist.world) / self.cfg.batch_size)
+            chunks += [starts[:0]] * (most - len(chunks))
+        for chunk in chunks:
+            x, y = (t.to(self.device) for t in self.data.batch("val", chunk if len(chunk) else starts[:1], self.T))
             with self.autocast():
                 _, loss = self.raw(x, y)
             total += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64)
@@ -237,8 +256,10 @@ class Trainer:
         if not math.isfinite(val):
             raise TrainingError(self.bad_loss_message(val, "validation loss", self.step))
         rec: dict[str, Any] = {"step": self.step, "val_loss": val, "train_loss": train_loss, "tokens": self.tokens}
-        if self.cfg.sample_tokens and self.dist.main:
-            rec["sample"] = self.sample()
+        if self.cfg.sample_tokens and (self.dist.main or self.fsdp):  # sharded: every rank decodes the same text
+            sample = self.sample()
+            if self.dist.main:
+                rec["sample"] = sample
         improved, self.best = val < self.best, min(self.best, val)
         if self.talks:
             cpt = self.val_chars_per_token
@@ -257,28 +278,40 @@ class Trainer:
         return self.run_dir.path if self.run_dir is not None else None
 
     def trainer_state(self) -> dict:
+        """What resuming needs besides the weights (a sharded checkpoint keeps the optimizer's tensors in its
+        shards, and adds its hyperparameters itself)."""
         rng = distributed.gather_objects(torch.get_rng_state(), self.dist)
-        return {"optimizer": self.opt.state_dict(), "step": self.step, "tokens": self.tokens, "best": self.best,
-                "data_generator": self.gen.get_state(), "torch_rng": rng, "world": self.dist.world,
-                "train_config": json.dumps(self.cfg.to_dict())}
+        return {"optimizer": {} if self.sharded else self.opt.state_dict(), "step": self.step, "tokens": self.tokens,
+                "best": self.best, "data_generator": self.gen.get_state(), "torch_rng": rng,
+                "world": self.dist.world, "train_config": json.dumps(self.cfg.to_dict())}
 
     def save(self, val: float | None, improved: bool) -> Path | None:
         state = self.trainer_state()  # every rank takes part in gathering the RNG states
-        if not self.writes:
-            return None
-        meta = {"step": self.step, "val_loss": val, "tokens": self.tokens, "config": self.cfg.to_dict()}
-        assert self.run_dir is not None  # writes implies cfg.save
-        path = self.run_dir.save(self.step, self.raw, self.tokenizer, meta, state, val, improved, self.cfg.keep_last)
-        self.run_dir.plot(self.history, title=f"{self.run_dir.path.name}: {self.model_cfg.name}")
+        path = None
+        if self.writes or (self.sharded and self.cfg.save):  # sharded: every rank writes its shards
+            meta = {"step": self.step, "val_loss": val, "tokens": self.tokens, "config": self.cfg.to_dict()}
+            assert self.run_dir is not None  # saving implies cfg.save
+            path = self.run_dir.save(self.step, self.raw, self.tokenizer, meta, state, val, improved,
+                                     self.cfg.keep_last, optimizer=self.opt if self.sharded else None,
+                                     main=self.dist.main)
+            if self.writes:
+                self.run_dir.plot(self.history, title=f"{self.run_dir.path.name}: {self.model_cfg.name}")
+        self.saved = (self.step, path)
         return path
 
     def checkpoint_now(self) -> Path | None:
         """The current step as a checkpoint (without an evaluation, unless one just saved it)."""
         if not self.cfg.save:
             return None
-        assert self.run_dir is not None  # there is one when cfg.save
-        newest = self.run_dir.newest()
-        return newest if newest is not None and newest.name.endswith(f"{self.step:06d}") else self.save(None, False)
+        # (decided from what this process saved, not from the folder: every rank decides alike, and a sharded
+        # save needs them all)
+        return self.saved[1] if self.saved is not None and self.saved[0] == self.step else self.save(None, False)
+
+    def kept(self) -> str:
+        """What a run that stops now keeps, and how to go on (for a message)."""
+        newest = self.run_dir.newest() if self.run_dir is not None else None
+        return (f"the last checkpoint is {newest}: continue with --resume" if newest is not None else
+                "no checkpoint was written yet")
 
     def open_run_dir(self, resume: bool) -> None:
         assert self.run_dir is not None
@@ -322,7 +355,7 @@ class Trainer:
         return (f"lumen train: {n / 1e6:.2f}M parameters, {self.tokenizer.kind} tokenizer "
                 f"({self.tokenizer.vocab_size} tokens), {tokens_per_step:,} tokens/step, "
                 f"{'bf16 autocast' if self.bf16 else 'fp32'} on {self.device}"
-                f"{f' x {self.dist.world} processes' if self.dist.active else ''}"
+                f"{f' x {self.dist.world} processes ({self.cfg.parallel})' if self.dist.active else ''}"
                 + (", compiled (the first step compiles: ~30 s on a new machine, then cached)"
                    if self.cfg.compile else ""))
 

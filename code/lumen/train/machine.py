@@ -36,6 +36,8 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"device {name!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     if device.type not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"device {name!r}: lumen trains on cpu, cuda or mps")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device {name!r} asked for, but torch sees no Apple GPU (mps) here (use device = \"cpu\")")
     return device
 
 

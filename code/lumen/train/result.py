@@ -10,7 +10,7 @@ from ..tokenizers import Tokenizer
 
 # the fields of summary.json besides the result's own: how the run was made
 SUMMARY_FIELDS = ("final_val_loss", "best_val_loss", "val_loss_per_char", "final_train_loss", "steps", "tokens",
-                  "tokens_per_s", "mfu", "wall_time", "stopped", "processes", "bf16", "device")
+                  "tokens_per_s", "mfu", "wall_time", "stopped", "processes", "parallel", "bf16", "device")
 
 
 @dataclass
@@ -43,7 +43,7 @@ class TrainResult:
         return None if self.final_val_loss is None else self.final_val_loss / self.chars_per_token
 
     def summary(self, **how: object) -> dict:
-        """summary.json's record: the result's numbers and `how` (processes, bf16, device)."""
+        """summary.json's record: the result's numbers and `how` (processes, parallel, bf16, device)."""
         s = {k: getattr(self, k) for k in SUMMARY_FIELDS if hasattr(self, k)}
         return {**s, **how}
 

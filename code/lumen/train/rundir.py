@@ -5,7 +5,8 @@ resume from the newest intact one) and the records (metrics.jsonl, loss.png, sum
       config.toml         the full config the run was started with
       tokenizer.json
       metrics.jsonl       one JSON record a line: {"step", "loss", "lr", ...} and {"step", "val_loss", ...}
-      checkpoints/step-000500/   see lumen.formats.checkpoint (each with a manifest of checksums)
+      checkpoints/step-000500/   see lumen.formats.checkpoint (each with a manifest of checksums; a
+                                 parallel = "fsdp" run's hold its ranks' shards)
       best.json           {"checkpoint": "step-000500", "val_loss": ...}
       loss.png, summary.json
 
@@ -22,10 +23,11 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from ..config import ModelConfig
-from ..errors import CheckpointError, ConfigError, TrainingError, UserError
-from ..files import atomic_dir, write_text
+from ..errors import CheckpointError, ConfigError, LumenError, TrainingError, UserError
+from ..files import atomic_dir, check_writable, read_json, write_text
 from ..formats import checkpoint as ckpt
 from ..model import GPT
 from ..tokenizers import Tokenizer
@@ -34,6 +36,7 @@ from .result import TrainResult, from_summary
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+RUN_FILES = ("config.toml", "tokenizer.json", "tokenizer_config.json", METRICS, SUMMARY, "loss.png", "best.json")
 
 
 class RunDir:
@@ -43,9 +46,18 @@ class RunDir:
         self.path = Path(path)
 
     def check(self, resume: bool) -> None:
-        """Before anything starts: a fresh run never writes over another run's checkpoints."""
+        """Before anything starts: the run's folder can be written (no part of it a file, no file of the run a
+        folder), and a fresh run never writes over another run's checkpoints."""
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"out_dir {self.path} is a file, not a folder; set out_dir to a new folder")
+        check_writable(self.path, "out_dir", error=ConfigError)
+        for name in RUN_FILES:
+            if (self.path / name).is_dir():
+                raise ConfigError(f"out_dir {self.path}: {self.path / name} is a folder where the run writes its "
+                                  f"{name}; move it away or set out_dir to another folder")
+        if (self.path / ckpt.CHECKPOINTS).exists() and not (self.path / ckpt.CHECKPOINTS).is_dir():
+            raise ConfigError(f"out_dir {self.path}: {self.path / ckpt.CHECKPOINTS} is a file where the run keeps "
+                              "its checkpoints; move it away or set out_dir to another folder")
         found = [p for p in (self.path / ckpt.CHECKPOINTS).glob(f"{ckpt.PREFIX}*") if ckpt.step_of(p) is not None]
         if found and not resume:
             newest = max(found, key=ckpt.step_key)
@@ -114,14 +126,19 @@ class RunDir:
             f.write(json.dumps(rec) + "\n")
 
     def save(self, step: int, model, tokenizer: Tokenizer, meta: dict, state: dict, val: float | None,
-             improved: bool, keep_last: int) -> Path:
+             improved: bool, keep_last: int, optimizer: torch.optim.Optimizer | None = None,
+             main: bool = True) -> Path:
         """Write checkpoint step-N (and best.json if it improved), then drop all but the newest `keep_last`
-        and the best among those up to this step."""
+        and the best among those up to this step. optimizer: a sharded checkpoint, which every rank writes
+        (each its shards of the weights and the optimizer's state; `main`, rank 0, the rest and the records)."""
         name = f"{ckpt.PREFIX}{step:06d}"
         path = self.path / ckpt.CHECKPOINTS / name
         try:
-            ckpt.save_checkpoint(path, model, tokenizer, meta, state)
-            if improved:
+            if optimizer is not None:
+                ckpt.save_sharded_checkpoint(path, model, optimizer, tokenizer, meta, state)
+            else:
+                ckpt.save_checkpoint(path, model, tokenizer, meta, state)
+            if improved and main:
                 write_text(self.path / ckpt.BEST, json.dumps({"checkpoint": name, "val_loss": val}))
         except OSError as e:
             kept = [p.name for p in ckpt.checkpoints(self.path)]
@@ -129,6 +146,8 @@ class RunDir:
                 f"could not save checkpoint {name} ({e.strerror or e}); the previous checkpoints are intact "
                 f"({', '.join(kept) or 'none yet'}); free space in {self.path} and rerun with --resume"
             ) from e
+        if not main:
+            return path
         best = ckpt.best_checkpoint(self.path)
         upto = [p for p in ckpt.checkpoints(self.path) if ckpt.step_key(p) <= step]
         for old in upto[: -keep_last or None]:
@@ -142,10 +161,9 @@ class RunDir:
     def summary(self) -> dict | None:
         """What summary.json records (None if missing or unreadable)."""
         try:
-            s = json.loads((self.path / SUMMARY).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return read_json(self.path / SUMMARY, "run summary", TrainingError)
+        except LumenError:
             return None
-        return s if isinstance(s, dict) else None
 
     def recorded_result(self, history: list[dict], best: float, chars_per_token: float) -> TrainResult:
         """The result of a finished run as summary.json records it; if the run was stopped before writing
@@ -173,9 +191,18 @@ class RunDir:
 
 def resume_from(path: Path, model: GPT, opt: torch.optim.Optimizer, model_cfg: ModelConfig,
                 device: torch.device) -> dict:
-    """Put a checkpoint's weights into the model being trained (checked as every format's are, by
-    GPT.from_state) and its state into the optimizer; return the rest of the trainer state."""
+    """Put a checkpoint's weights into the model being trained and its state into the optimizer; return the
+    rest of the trainer state. A whole-weights checkpoint is read as every format is (checked by
+    GPT.from_state); a sharded one by load_sharded, at any number of processes (every rank calls this)."""
     state = ckpt.load_trainer_state(path)
+    if ckpt.is_sharded(path):
+        if ModelConfig.load(path / ckpt.CONFIG) != model_cfg:
+            raise UserError(f"{path} was trained with another model config; resume with the same [model] settings")
+        ckpt.load_sharded(path, model, opt, state["optimizer"].get("param_groups", []))
+        return state
+    if isinstance(model, FSDPModule):
+        raise UserError(f"{path} holds whole weights (a parallel = \"ddp\" run); resume it with parallel = \"ddp\" "
+                        f"(a sharded checkpoint resumes either way)")
     weights = ckpt.read_run(path)
     if weights.cfg != model_cfg:
         raise UserError(f"{path} was trained with another model config; resume with the same [model] settings")

@@ -1,0 +1,10 @@
+import torch
+
+
+@torch.no_grad()
+def logits_without_block(model, idx, k):
+    x = model.embed(idx)
+    for i, block in enumerate(model.blocks):
+        if i != k:
+            x = block(x)
+    return model.lm_head(model.ln_f(x))

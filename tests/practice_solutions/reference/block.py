@@ -1,0 +1,1 @@
+from lumen.block import TransformerBlock  # noqa: F401

@@ -1,0 +1,3 @@
+from lumen.config import ACTIVATIONS
+
+gelu = ACTIVATIONS["gelu"]

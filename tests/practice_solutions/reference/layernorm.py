@@ -1,0 +1,1 @@
+from lumen.block import LayerNorm  # noqa: F401

@@ -1,0 +1,1 @@
+from lumen.block import PostLNBlock  # noqa: F401

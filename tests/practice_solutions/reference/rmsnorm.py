@@ -1,0 +1,1 @@
+from lumen.block import RMSNorm  # noqa: F401

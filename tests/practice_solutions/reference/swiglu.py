@@ -1,0 +1,1 @@
+from lumen.block import SwiGLU  # noqa: F401

@@ -1,0 +1,12 @@
+"""FLOPs, with one mistake: the core's share of the whole forward pass"""
+
+
+def forward_flops(cfg, context):
+    d, d_ff = cfg.d_model, cfg.d_ff or 4 * cfg.d_model
+    blocks = cfg.n_layers * (4 * d * d + 2 * d * d_ff)
+    return 2 * (blocks + cfg.vocab_size * d) + 4 * context * d * cfg.n_layers
+
+
+TRAIN_GPT2_SMALL_10B = 5.1e18
+TRAIN_70B_15T = 6.3e24
+ATTENTION_CORE_SHARE = 37.7e6 / 284.8e6

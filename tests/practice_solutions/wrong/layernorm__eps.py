@@ -1,0 +1,16 @@
+"""A LayerNorm that makes one mistake: epsilon outside the square root"""
+import torch
+import torch.nn as nn
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.g = nn.Parameter(torch.ones(d))
+        self.b = nn.Parameter(torch.zeros(d))
+        self.eps = eps
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        std = x.std(-1, keepdim=True, unbiased=False)
+        return (x - mu) / (std + self.eps) * self.g + self.b

@@ -1,0 +1,16 @@
+"""A LayerNorm that makes one mistake: the gain and bias named as nn.LayerNorm names them"""
+import torch
+import torch.nn as nn
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+        self.eps = eps
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        var = x.var(-1, keepdim=True, unbiased=False)
+        return (x - mu) / torch.sqrt(var + self.eps) * self.weight + self.bias

@@ -1,0 +1,163 @@
+"""Sharded checkpoints in one process (no process group, so fast): what torch.distributed.checkpoint writes reads
+back to the same bits, as whole tensors for loading and into a model and optimizer for resuming; the index is
+never unpickled into arbitrary objects; damaged shards and an index that does not fit the config are one clear
+error; the `parallel` setting is checked where it is read; gloo's lost-peer errors are told from other errors."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+from lumen import GPT
+from lumen.errors import CheckpointError, ConfigError
+from lumen.formats import checkpoint as ckpt
+from lumen.formats import load
+from lumen.tokenizers import CharTokenizer
+from lumen.train import load_config
+from lumen.train.distributed import lost_peer
+from lumen.train.optim import make_optimizer
+
+# a character vocabulary of the model's 40 ids
+CHARS = CharTokenizer([chr(ord("a") + i) for i in range(26)] + [str(i) for i in range(10)] + list(" .,;"))
+
+
+def trained(tie: bool = True, seed: int = 0) -> tuple[GPT, torch.optim.Optimizer]:
+    """A tiny model after two AdamW steps (so the optimizer holds moments worth keeping)."""
+    torch.manual_seed(seed)
+    model = GPT.from_preset("baby-gpt", n_layers=2, d_model=32, n_heads=2, vocab_size=40, context=16,
+                            tie_embeddings=tie)
+    opt = make_optimizer(model, 1e-2, 0.1, (0.9, 0.95))
+    for _ in range(2):
+        x = torch.randint(0, 40, (2, 16))
+        model(x, x)[1].backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+@pytest.fixture
+def sharded(tmp_path):
+    model, opt = trained()
+    state = {"step": 2, "tokens": 64, "best": 1.5, "data_generator": torch.Generator().get_state(),
+             "torch_rng": [torch.get_rng_state()], "world": 1, "train_config": "{}"}
+    path = ckpt.save_sharded_checkpoint(tmp_path / "step-000002", model, opt, CHARS, {"step": 2}, state)
+    return path, model, opt
+
+
+def test_a_sharded_checkpoint_is_a_complete_model_spec(sharded):
+    path, model, _ = sharded
+    assert ckpt.is_checkpoint(path) and ckpt.is_sharded(path) and not (path / ckpt.WEIGHTS).exists()
+    ckpt.verify(path)
+    read = ckpt.read_sharded_state(path)
+    expected = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # the tied matrix once
+    assert read.keys() == expected.keys() and all(torch.equal(read[k], expected[k]) for k in read)
+    both = load(path)
+    loaded, tok = both.model, both.tokenizer
+    x = torch.randint(0, 40, (1, 16))
+    assert torch.equal(loaded(x)[0], model.eval()(x)[0]) and tok.decode(tok.encode("cab")) == "cab"
+    assert loaded.lm_head.weight is loaded.tok_emb.weight
+
+
+def test_an_untied_model_keeps_both_matrices(tmp_path):
+    model, opt = trained(tie=False)
+    path = ckpt.save_sharded_checkpoint(tmp_path / "c", model, opt)
+    read = ckpt.read_sharded_state(path)
+    assert torch.equal(read["lm_head.weight"], model.lm_head.weight.detach())
+    assert not torch.equal(read["lm_head.weight"], read["tok_emb.weight"][:, :32])
+
+
+def test_resuming_restores_the_weights_and_adamw_moments(sharded):
+    path, model, opt = sharded
+    fresh, fresh_opt = trained(seed=1)  # other weights, other moments
+    groups = ckpt.load_trainer_state(path)["optimizer"]["param_groups"]
+    ckpt.load_sharded(path, fresh, fresh_opt, groups)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    for p, q in zip(model.parameters(), fresh.parameters()):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt.state[p][key], fresh_opt.state[q][key]), key
+    # and the next step is the same step
+    x = torch.randint(0, 40, (2, 16))
+    for m, o in ((model, opt), (fresh, fresh_opt)):
+        m.train()(x, x)[1].backward()
+        o.step()
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+
+
+def test_the_index_is_never_unpickled_into_arbitrary_objects(sharded, tmp_path):
+    path, _, _ = sharded
+    witness = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (shutil.copy, (str(path / ckpt.CONFIG), str(witness)))
+
+    (path / ckpt.SHARD_INDEX).write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(CheckpointError, match=r"\.metadata is damaged .*names shutil\.copy"):
+        ckpt.read_sharded_state(path)
+    assert not witness.exists()
+
+
+def test_an_index_that_does_not_fit_the_config_is_refused_before_anything_is_allocated(sharded):
+    path, _, _ = sharded
+    cfg = json.loads((path / ckpt.CONFIG).read_text())
+    (path / ckpt.CONFIG).write_text(json.dumps({**cfg, "d_model": 64, "n_heads": 2}))
+    with pytest.raises(CheckpointError, match=r"tok_emb\.weight is \(40, 32\), but config\.json needs \(40, 64\)"):
+        ckpt.read_sharded_state(path)
+    (path / ckpt.CONFIG).write_text(json.dumps({**cfg, "n_layers": 3}))
+    with pytest.raises(CheckpointError, match="holds 2 blocks but config.json says n_layers = 3"):
+        ckpt.read_sharded_state(path)
+
+
+def test_an_index_whose_pieces_leave_a_hole_is_refused(sharded):
+    path, _, _ = sharded
+    index = pickle.loads((path / ckpt.SHARD_INDEX).read_bytes())  # our own file, just written
+    emb = index.state_dict_metadata["model.tok_emb.weight"]
+    half = emb.chunks[0].sizes[0] // 2  # the piece says it covers only half the rows
+    emb.chunks[0] = type(emb.chunks[0])(offsets=emb.chunks[0].offsets,
+                                        sizes=torch.Size([half, *emb.chunks[0].sizes[1:]]))
+    (path / ckpt.SHARD_INDEX).write_bytes(pickle.dumps(index))
+    with pytest.raises(CheckpointError, match="the pieces of tok_emb.weight do not make up the whole tensor"):
+        ckpt.read_sharded_state(path)
+
+
+def test_a_damaged_shard_is_one_clear_error(sharded):
+    path, _, _ = sharded
+    (shard,) = (path / ckpt.SHARDS).glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 10])
+    with pytest.raises(CheckpointError, match="cannot be read .*: it is damaged"):
+        ckpt.read_sharded_state(path)
+    with pytest.raises(CheckpointError, match="has .* bytes, the manifest says"):
+        ckpt.verify(path)
+
+
+def test_a_manifest_lists_nothing_outside_the_checkpoint(sharded):
+    path, _, _ = sharded
+    manifest = json.loads((path / ckpt.MANIFEST).read_text())
+    manifest["files"]["../config.json"] = manifest["files"][ckpt.CONFIG]
+    (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"\.\./config\.json is missing"):
+        ckpt.verify(path)
+
+
+def test_parallel_is_checked_where_it_is_read():
+    assert load_config(preset="tiny", sets=["parallel=fsdp"])[0].parallel == "fsdp"
+    assert load_config(preset="tiny")[0].parallel == "ddp"
+    with pytest.raises(ConfigError, match="parallel must be ddp or fsdp, got 'zero3'"):
+        load_config(preset="tiny", sets=["parallel=zero3"])
+
+
+def test_a_lost_peer_is_told_from_other_errors():
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:50395: "
+                        "Connection reset by peer. This is typically caused by a remote worker hanging")
+    assert lost_peer(gloo) and lost_peer(dist.DistBackendError("NCCL communicator was aborted"))
+    wrapped = ValueError("while saving")
+    wrapped.__cause__ = gloo
+    gathered = CheckpointException("save failed", {1: _wrap_exception(gloo)})  # torch.distributed.checkpoint's
+    assert lost_peer(wrapped) and lost_peer(gathered)
+    assert not lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) and not lost_peer(OSError(28, "x"))

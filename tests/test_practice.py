@@ -1,0 +1,270 @@
+"""`lumen practice`: the exercises in the chapter's order, starting files that import and fail as "not written
+yet", a learner's file that cannot be used as one line with exit 2, checks that pass or fail with their hint,
+lumen's own solution found by file and line, and nothing beyond torch, numpy and lumen in the package (so a
+plain `pip install .` runs it offline)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lumen import practice
+from lumen.cli import main
+from lumen.practice.exercise import Check, Exercise, Spec
+from lumen.practice.mlp import WORKED_ROUNDED, WORKED_W1, WORKED_W2, WORKED_X, worked_result
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = ROOT / "tests" / "practice_solutions"
+
+# the chapter's headings, in its order (copied from its text): every section with something to practise
+CHAPTER_SECTIONS = [
+    "The problem: mixing is not thinking",
+    "The feed-forward block (MLP)",
+    "GELU, and why not ReLU",
+    "Residual connections: the stream",
+    "LayerNorm: keeping the stream well-behaved",
+    "The full transformer block",
+    "Stacking N blocks: what the layers do",
+    "Parameter accounting per block",
+    "Dropout",
+    "Initialisation and the 1/√(2N) residual trick",
+    "Compute: FLOPs per token ≈ 2 × parameters",
+]
+
+
+def test_every_section_has_an_exercise_in_the_chapters_order():
+    sections = [e.section for e in practice.EXERCISES.values()]
+    assert set(sections) == set(CHAPTER_SECTIONS)
+    order = [CHAPTER_SECTIONS.index(s) for s in sections]
+    assert order == sorted(order)
+
+
+def test_list_names_every_exercise_under_its_section(capsys):
+    assert main(["practice", "list"]) == 0
+    out = capsys.readouterr().out
+    for section in CHAPTER_SECTIONS:
+        assert f"\n{section}\n" in out
+    positions = [re.search(rf"^ +\d+\. {name} ", out, re.M).start() for name in practice.EXERCISES]
+    assert positions == sorted(positions)
+    assert out.count("(loads SmolLM2)") == 2
+
+
+@pytest.mark.parametrize("name", list(practice.EXERCISES))
+def test_a_starting_file_imports_and_is_not_written_yet(name, tmp_path, capsys):
+    assert main(["practice", "start", name, str(tmp_path)]) == 0
+    ex = practice.EXERCISES[name]
+    path = tmp_path / ex.file_name
+    source = path.read_text()
+    assert f"lumen practice check {name}" in source and ex.task.splitlines()[0] in source
+    capsys.readouterr()
+    assert main(["practice", "check", name, str(path)]) == 1   # a failed check, not a file error
+    out = capsys.readouterr().out
+    assert "not written yet" in out or "not answered yet" in out
+    assert "Traceback" not in out
+
+
+def test_start_refuses_to_overwrite(tmp_path, capsys):
+    assert main(["practice", "start", "layernorm", str(tmp_path)]) == 0
+    (tmp_path / "layernorm.py").write_text("# my work\n")
+    assert main(["practice", "start", "layernorm", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "already exists" in err
+    assert (tmp_path / "layernorm.py").read_text() == "# my work\n"
+
+
+def test_check_reads_name_py_by_default(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "layernorm.py").write_text((SOLUTIONS / "reference" / "layernorm.py").read_text())
+    assert main(["practice", "check", "layernorm"]) == 0
+    assert "all 5 checks passed" in capsys.readouterr().out
+
+
+def test_a_failed_check_prints_what_it_saw_and_the_hint(capsys):
+    assert main(["practice", "check", "layernorm", str(SOLUTIONS / "wrong" / "layernorm__unbiased.py")]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "sqrt((d-1)/d)" in out and "unbiased=False" in out and "skipped" in out
+
+
+BAD_FILES = {
+    "syntax": ("class LayerNorm(nn.Module)\n    pass\n", r"layernorm\.py:1: syntax error"),
+    "import": ("import torch\nraise RuntimeError('half written')\n",
+               r"layernorm\.py:2: importing it raised RuntimeError: half written"),
+    "missing": ("import torch\n", r"defines no LayerNorm; the exercise asks for class LayerNorm\(nn\.Module\)"),
+    "signature": ("import torch.nn as nn\nclass LayerNorm(nn.Module):\n    def __init__(self):\n"
+                  "        super().__init__()\n    def forward(self, x):\n        return x\n",
+                  r"LayerNorm\(\) cannot be called as the exercise calls it \(too many positional arguments\)"),
+    "forward": ("import torch.nn as nn\nclass LayerNorm(nn.Module):\n    def __init__(self, d, eps=1e-5):\n"
+                "        super().__init__()\n    def forward(self):\n        return 0\n",
+                r"LayerNorm\.forward\(self\) cannot be called"),
+    "not a module": ("class LayerNorm:\n    def __init__(self, d, eps=1e-5):\n        pass\n",
+                     r"LayerNorm is not a class \(an nn\.Module\)"),
+    "exit": ("import sys\nsys.exit(3)\n", r"importing it raised SystemExit"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_a_file_that_cannot_be_checked_is_one_line_and_exit_2(case, tmp_path, capsys):
+    source, message = BAD_FILES[case]
+    path = tmp_path / "layernorm.py"
+    path.write_text(source)
+    assert main(["practice", "check", "layernorm", str(path)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lumen practice: error: "), captured.err
+    assert re.search(message, lines[0]), lines[0]
+    assert "Traceback" not in captured.err + captured.out
+    assert not [m for m in sys.modules if m.startswith("lumen_practice_")]   # nothing left imported
+
+
+def test_a_missing_file_and_an_unknown_exercise_are_one_line(tmp_path, capsys):
+    assert main(["practice", "check", "layernorm", str(tmp_path / "nope.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["practice", "hint", "layernrom"]) == 2
+    assert "did you mean layernorm" in capsys.readouterr().err
+
+
+def test_an_exception_in_the_learners_code_is_a_failure_with_its_line(tmp_path):
+    path = tmp_path / "gelu.py"
+    path.write_text("def gelu(x):\n    return x.gleu()\n")
+    report = practice.check_file("gelu", path)
+    first = report.failed[0]
+    assert "AttributeError" in first.seen and "gelu.py line 2" in first.seen
+    assert [o.status for o in report.outcomes] == ["failed", "skipped", "skipped"]
+
+
+def test_a_bug_in_a_check_is_lumens_and_is_not_dressed_as_the_learners(tmp_path):
+    def broken(m, ctx):
+        return 1 / 0
+
+    ex = Exercise("broken", "Dropout", "", "", "", (Spec("x", "value", "x = 1"),), (Check("divides", broken),),
+                  {"task": "."}, ())
+    path = tmp_path / "broken.py"
+    path.write_text("x = 1\n")
+    with pytest.raises(ZeroDivisionError):
+        practice.run(ex, practice.load(path, ex))
+
+
+def test_hint_prints_the_nudge_and_every_known_mistake(capsys):
+    assert main(["practice", "hint", "layernorm"]) == 0
+    out = capsys.readouterr().out
+    ex = practice.EXERCISES["layernorm"]
+    flat = " ".join(out.split())
+    for text in ex.hints.values():
+        assert " ".join(text.split()) in flat
+
+
+def _definition_line(path: Path, name: str) -> int:
+    """Where `name` (Class, Class.method, function or NAME) is defined, read from the file's text."""
+    lines = path.read_text().splitlines()
+    *outer, last = name.split(".")
+    start = 0
+    for o in outer:
+        start = next(i for i, line in enumerate(lines) if re.match(rf"\s*class {o}\b", line))
+    for i in range(start, len(lines)):
+        if re.match(rf"\s*(class|def) {re.escape(last)}\b|{re.escape(last)}\s*[:=]", lines[i]):
+            if i > 0 and lines[i - 1].strip() == "@overload":
+                continue   # a typing stub: the definition is the one without @overload
+            # a decorator above a def belongs to it (inspect starts there)
+            while i > 0 and lines[i - 1].lstrip().startswith("@"):
+                i -= 1
+            return i + 1
+    raise AssertionError(f"{name} not in {path}")
+
+
+@pytest.mark.parametrize("name", list(practice.EXERCISES))
+def test_solution_points_at_lumens_own_code(name, capsys):
+    import importlib
+
+    assert main(["practice", "solution", name]) == 0
+    out = capsys.readouterr().out
+    for loc in practice.solutions(name):
+        module, _, attr = loc.name.rpartition(".")
+        while True:   # the module part of the dotted name
+            try:
+                importlib.import_module(module)
+                break
+            except ImportError:
+                module, _, head = module.rpartition(".")
+                attr = f"{head}.{attr}"
+        assert loc.file == Path(importlib.import_module(module).__file__)
+        assert loc.first == _definition_line(loc.file, attr)
+        assert loc.last >= loc.first and f"{loc.file}:{loc.first}-{loc.last}" in out
+        assert loc.source().splitlines()[0].strip() in out
+
+
+def test_the_worked_example_reconstruction():
+    """The chapter states x = [1, -1], x W1 = [1, -1, -2, 0], h = [0.84, -0.16, -0.05, 0] and x + h W2 =
+    [1.79, -1.21]. The reconstructed W1 gives those pre-activations; among W2 with entries in -2..2 (row 4
+    is multiplied by GELU(0) = 0, so it is free) exactly one gives the chapter's figure from the rounded h, and
+    the same W2 gives [1.796, -1.204] from the exact h: the chapter's 1.79 and -1.21 come from rounding first."""
+    import itertools
+
+    x, W1 = torch.tensor(WORKED_X, dtype=torch.float64), torch.tensor(WORKED_W1, dtype=torch.float64)
+    assert (x @ W1).tolist() == [1.0, -1.0, -2.0, 0.0]
+    h_rounded = torch.tensor([0.84, -0.16, -0.05, 0.0], dtype=torch.float64)
+    assert torch.nn.functional.gelu(x @ W1).tolist() == pytest.approx(h_rounded.tolist(), abs=0.005)
+    fits = []
+    for entries in itertools.product((-2.0, -1.0, 0.0, 1.0, 2.0), repeat=6):
+        W2 = torch.tensor(entries + (0.0, 0.0), dtype=torch.float64).view(4, 2)
+        if torch.allclose(x + h_rounded @ W2, torch.tensor(WORKED_ROUNDED, dtype=torch.float64), atol=1e-9):
+            fits.append(W2[:3].tolist())
+    assert fits == [[list(r) for r in WORKED_W2[:3]]]
+    assert [round(v, 3) for v in worked_result()] == [1.796, -1.204]
+    assert [round(v, 2) for v in worked_result()] == [1.8, -1.2]   # not the chapter's figure at any rounding
+    # the starting file holds the same matrices
+    ns: dict = {}
+    exec(compile(practice.EXERCISES["worked-mlp"].template.replace("[..., ...]", "None"), "t", "exec"), ns)
+    assert ns["W1"].tolist() == [list(r) for r in WORKED_W1] and ns["W2"].tolist() == [list(r) for r in WORKED_W2]
+
+
+def test_the_package_needs_only_torch_numpy_and_lumen():
+    """So `lumen practice` runs from a plain `pip install .` (no test framework, no transformers)."""
+    allowed = {"torch", "numpy", "lumen"} | set(sys.stdlib_module_names)
+    folder = ROOT / "code" / "lumen" / "practice"
+    for path in [*folder.glob("*.py"), ROOT / "code" / "lumen" / "cli" / "practice.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for n in names:
+                assert n.split(".")[0] in allowed, f"{path.name} imports {n}"
+
+
+@pytest.mark.slow
+def test_practice_runs_without_the_dev_extras(tmp_path):
+    """A subprocess in which importing pytest, hypothesis or transformers fails, as in a plain install, offline:
+    start, check (failing, then passing), hint and solution still work."""
+    import os
+    import subprocess
+
+    block = tmp_path / "sitecustomize.py"
+    block.write_text("import sys\nfor name in ('pytest', 'hypothesis', 'transformers', 'accelerate', 'selenium'):\n"
+                     "    sys.modules[name] = None\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "LUMEN_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+    def lumen(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "lumen", "practice", *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+
+    assert lumen("start", "rmsnorm").returncode == 0
+    assert lumen("check", "rmsnorm").returncode == 1
+    (tmp_path / "rmsnorm.py").write_text((SOLUTIONS / "other" / "rmsnorm__rsqrt.py").read_text())
+    done = lumen("check", "rmsnorm")
+    assert done.returncode == 0 and "all 6 checks passed" in done.stdout, done.stdout + done.stderr
+    assert lumen("hint", "rmsnorm").returncode == 0 and lumen("solution", "rmsnorm").returncode == 0
+    probe = subprocess.run([sys.executable, "-c", "import pytest"], capture_output=True, env=env, cwd=tmp_path)
+    assert probe.returncode != 0   # the blocking works
+
+
+@pytest.mark.slow
+def test_smoke_the_lens_on_smollm2_through_the_command(capsys, smollm2_loaded, monkeypatch):
+    """The feature's one real-model smoke test: `lumen practice check logit-lens` on a hand-written lens, with
+    SmolLM2 read from lumen's cache (the session's copy, loaded once)."""
+    monkeypatch.setattr(practice, "_smollm2", lambda: smollm2_loaded)
+    assert main(["practice", "check", "logit-lens", str(SOLUTIONS / "other" / "logit_lens__loop.py")]) == 0
+    out = capsys.readouterr().out
+    assert "SmolLM2, three prompts" in out and "all 2 checks passed" in out
