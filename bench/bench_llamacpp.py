@@ -100,6 +100,27 @@ def lumen(weights: str, mode: str, threads: list[int], args: argparse.Namespace)
     return result
 
 
+def bandwidth(gguf: Path, threads: int) -> dict:
+    """What bounds batch-1 decoding: the bytes of weights a token reads (every tensor of the file once: the
+    tied embedding is the output head too) and the memory's speed here, the best of five sums over 1 GiB
+    at `threads` threads."""
+    import time
+
+    import torch
+    from gguf import GGUFReader
+
+    per_token = sum(int(t.n_bytes) for t in GGUFReader(gguf).tensors)
+    torch.set_num_threads(threads)
+    big = torch.ones(2**28)  # 1 GiB of float32, every page touched
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        big.sum()
+        best = min(best, time.perf_counter() - t)
+    return {"bytes_per_token": per_token, "bytes_per_s": big.numel() * 4 / best,
+            "how": f"torch's sum over 1 GiB of float32 at {threads} threads, best of 5"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default=None, help="thread counts, e.g. 1,2 (default: 1 up to every core)")
@@ -147,7 +168,7 @@ def main() -> None:
                 row["text"] = rs[-1]["threads"][threads[0]]["text"][:80]
             rows.append(row)
         rec.update(model="SmolLM2-135M-Instruct Q4_1 GGUF", tokens=args.tokens, prompt=args.prompt,
-                   rounds=args.rounds, thread_counts=threads, rows=rows)
+                   rounds=args.rounds, thread_counts=threads, rows=rows, bandwidth=bandwidth(gguf, threads[-1]))
     base = rows[0]
     for row in rows:
         cells = [f"{t}t {row['threads'][str(t)]['decode_tok_s']:.1f} tok/s "
