@@ -64,5 +64,7 @@ bench: setup
 	$(BIN)/python bench/bench_smollm2.py
 	$(BIN)/python bench/bench_lens.py
 	$(BIN)/python bench/bench_contention.py
-	$(BIN)/python bench/bench_llamacpp.py  # installs node-llama-cpp from npm into a temporary directory
+	$(BIN)/python bench/bench_llamacpp.py  # builds llama.cpp for this CPU once (cached outside the repo)
+	$(BIN)/python bench/profile_decode.py
 	$(BIN)/python bench/bench_fsdp_memory.py  # writes docs/scale-out.md
+	$(BIN)/python bench/speed_doc.py  # renders docs/speed.md's measured sections from docs/speed/*.json

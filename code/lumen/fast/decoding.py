@@ -5,7 +5,8 @@
 
 Inside `decoding`, and only there, the model's nn.Linear layers are FastLinear ones holding the same
 parameters (packing.py): compiled, a one-token step's products become fused loops over the weights; eager,
-the weights live in oneDNN's packed layout. Each step's thread count is measured as the tokens come
+the weights live in oneDNN's packed layout. A single query attends without copying the cache's keys for
+each query head (attention.py). Each step's thread count is measured as the tokens come
 (lumen.threads: a busy machine is the normal case). On leaving, the model is the plain model again, the
 same parameters, bit for bit. The tokens are chosen exactly as lumen.decode chooses them (the same
 `Sampling`, the model's own defaults included); only their speed differs, and the numbers to float32
@@ -24,9 +25,15 @@ from ..decode import Sampling, sampling_for
 from ..decode import stream as plain_stream
 from ..model import GPT
 from ..threads import tuned
+from .attention import one_query_attention, plain_attention
 from .packing import fast_linears, packed, plain_linears
 
 SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs of nearby lengths share one graph
+# A one-token step is a few hundred kernels, most of them over a few thousand numbers (a norm, a gate, one
+# query's attention). Each kernel that inductor splits between threads ends at a barrier, and on a busy machine
+# the thread waiting for a core holds the others there: such small loops run on one thread (only loops over at
+# least this many numbers per thread are split: the products over the weights are)
+DECODE_OPTIONS = {**COMPILE_OPTIONS, "cpp.min_chunk_size": 16384}
 
 
 class Decoder:
@@ -36,7 +43,7 @@ class Decoder:
         self.model, self.compile = model, compile
         # shapes are static (one graph per shape): a KV cache keeps every slot and takes positions as a
         # tensor, so a one-token step compiles once; the weights stay inputs of the graph
-        self.step = torch.compile(model, dynamic=False, options=COMPILE_OPTIONS) if compile else model
+        self.step = torch.compile(model, dynamic=False, options=DECODE_OPTIONS) if compile else model
 
     def stream(self, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,
                generator: torch.Generator | None = None) -> Generator[torch.Tensor, None, None]:
@@ -63,10 +70,12 @@ def decoding(model: GPT, compile: bool = False) -> Iterator[Decoder]:
     if compile and model.device.type == "cpu":
         check_cpp_compiler("decode without compiling")
     fast_linears(model)
+    one_query_attention(model)
     try:
         with contextlib.nullcontext() if compile else packed(model):  # eager: oneDNN's layout
             yield Decoder(model, compile)
     finally:
+        plain_attention(model)
         plain_linears(model)
 
 

@@ -1,0 +1,75 @@
+"""llama.cpp built for this CPU, for the benches: the source the llama-cpp-python sdist on PyPI carries (its
+vendor/llama.cpp), built with cmake and -DGGML_NATIVE=ON (every instruction this CPU has), `llama-bench` only.
+
+    .venv/bin/python bench/llamacpp_native.py          # build it (once; a few minutes on 2 cores) and say where
+
+Cached outside the repository, under ~/.cache/lumen-bench/ (or $LUMEN_BENCH_CACHE), keyed by the sdist's
+version and this CPU's flags: a contender only, never a dependency of lumen. `llama_bench()` returns None
+where it cannot be had (no compiler, no cmake, no network for pip): bench_llamacpp.py then falls back to
+npm's node-llama-cpp (prebuilt binaries).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+VERSION = "0.3.36"  # llama-cpp-python's sdist, and so the llama.cpp source it vendors
+
+
+def cache() -> Path:
+    return Path(os.environ.get("LUMEN_BENCH_CACHE", Path.home() / ".cache" / "lumen-bench"))
+
+
+def cpu_flags() -> str:
+    """The CPU's flags line (what -march=native builds for)."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("flags")), "")
+
+
+def llama_bench(quiet: bool = False) -> Path | None:
+    """The path of a native `llama-bench`, built the first time; None (and why, on stderr) if it cannot be."""
+    key = hashlib.sha256((VERSION + cpu_flags()).encode()).hexdigest()[:12]
+    root = cache() / f"llama.cpp-{VERSION}-{key}"
+    exe = root / "build" / "bin" / "llama-bench"
+    if exe.exists():
+        return exe
+    missing = [tool for tool in ("cmake", "c++") if not shutil.which(tool)]
+    if missing:
+        print(f"bench: no {' or '.join(missing)} to build llama.cpp natively", file=sys.stderr)
+        return None
+    say = subprocess.DEVNULL if quiet else None
+    try:
+        sdist = cache() / f"llama_cpp_python-{VERSION}.tar.gz"
+        if not sdist.exists():
+            cache().mkdir(parents=True, exist_ok=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                            f"llama-cpp-python=={VERSION}", "-d", str(cache())], check=True, stdout=say)
+        source = root / "src"
+        if not (source / "CMakeLists.txt").exists():
+            prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+            with tarfile.open(sdist) as tar:
+                members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+                for m in members:
+                    m.name = m.name[len(prefix):]
+                tar.extractall(source, members=[m for m in members if m.name], filter="data")
+        print(f"bench: building llama.cpp {VERSION} (llama-cpp-python's source) for this CPU into {root}",
+              file=sys.stderr)
+        subprocess.run(["cmake", "-S", str(source), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                        "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                        "-DLLAMA_BUILD_SERVER=OFF", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=say)
+        subprocess.run(["cmake", "--build", str(root / "build"), "--target", "llama-bench", "-j",
+                        str(os.cpu_count() or 1)], check=True, stdout=say)
+    except (subprocess.CalledProcessError, OSError, tarfile.TarError) as e:
+        print(f"bench: llama.cpp did not build natively ({e})", file=sys.stderr)
+        return None
+    return exe if exe.exists() else None
+
+
+if __name__ == "__main__":
+    print(llama_bench())

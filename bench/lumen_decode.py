@@ -1,0 +1,59 @@
+"""One contender of bench_llamacpp.py, in its own process: lumen decoding SmolLM2's GGUF at each thread count.
+
+    .venv/bin/python bench/lumen_decode.py gguf|float compiled|eager THREADS,... TOKENS PROMPT_TOKENS
+
+For each thread count (pinned): greedy decoding of TOKENS new tokens after a short prompt, through the
+speed wing's door (tokens/s after the first; compiling is not counted), then the process's peak resident
+memory (VmHWM) so far, then a prompt of PROMPT_TOKENS tokens in one forward pass (prefill tokens/s, eager:
+the door's products for many rows). Prints one JSON line. Not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+
+from rss import status_kib  # bench/rss.py (the script's own folder is on sys.path)
+
+PROMPT = "The capital of France is"
+FILLER = "The residual stream is a working memory: attention heads copy facts between positions. "
+
+
+def main() -> None:
+    weights, mode, threads, n, n_prompt = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    warnings.filterwarnings("ignore")
+    import torch
+
+    from lumen import fast
+    from lumen.decode import GREEDY, stream
+    from lumen.formats import load
+
+    loaded = fast.load_blocks("smollm2") if weights == "gguf" else load("smollm2")
+    model, tok = loaded.model, loaded.tokenizer
+    ids = torch.tensor([tok.encode(PROMPT)])
+    long = torch.tensor([tok.encode(FILLER * (n_prompt // 10))[:n_prompt]])
+    compile, out = mode == "compiled", {}
+    with torch.inference_mode(), fast.decoding(model, compile) as decoder:
+        for t in map(int, threads.split(",")):
+            torch.set_num_threads(t)
+            decoder.generate(ids, 4, temperature=0)  # compiles at this thread count (not counted)
+            stamps, tokens = [], []
+            # the thread count pinned: lumen.decode's steps through the door's step, untuned
+            for x in stream(model, ids, n, GREEDY, step=decoder.step, cache_slots=256 if compile else None):
+                stamps.append(time.perf_counter())
+                tokens.append(int(x[0]))
+            out[t] = {"decode_tok_s": (n - 1) / (stamps[-1] - stamps[0]), "text": tok.decode(tokens)}
+        peak = status_kib("VmHWM") / 1024  # decoding's high-water mark, before any long prompt
+        for t in out:
+            torch.set_num_threads(t)
+            model(long[:, :16])  # warm
+            t0 = time.perf_counter()
+            model(long)
+            out[t]["prefill_tok_s"] = long.size(1) / (time.perf_counter() - t0)
+    print(json.dumps({"max_rss_mib": peak, "threads": out}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""One query against the KV cache, without copying the keys: the attention of a decoding step.
+
+The chapter's plain path (lumen.attention) gives every query head its own copy of its group's keys and
+values (`repeat_interleave`): for a decoded token that is a copy of the whole cache, every layer, every step,
+more bytes than the products read. Here the group's query heads share their key head instead: the
+queries (B, h, 1, hd) are viewed as (B, h_kv, group, hd), one small product against each key head's slots
+gives the scores, one against its values the average. The same numbers to float32 rounding (another
+order of the sums); the pattern is not exposed (lumen.inspect reads it from the plain path).
+
+    >>> one_query_attention(model)     # every layer's attention, until plain_attention(model)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..attention import MultiHeadAttention
+
+
+class OneQueryAttention(MultiHeadAttention):
+    """MultiHeadAttention whose single-query steps share each key head between its group's query heads."""
+
+    def attend_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None):
+        B, h, T, hd = q.shape
+        if T != 1 or self.training or allowed is None or allowed.dim() != 2:  # a prompt, or an extra mask
+            return super().attend_plain(q, k, v, allowed)
+        group = h // self.n_kv_heads
+        qg = q.reshape(B, self.n_kv_heads, group, hd)                        # a group's queries side by side
+        if torch.compiler.is_compiling():  # products written as sums, which the compiler fuses into loops
+            scores = (qg.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) / math.sqrt(hd)    # (B, h_kv, group, S)
+        else:
+            scores = qg @ k.transpose(-2, -1) / math.sqrt(hd)
+        scores = scores.masked_fill(~allowed.view(1, 1, 1, -1), float("-inf"))
+        a = F.softmax(scores, dim=-1).to(v.dtype)
+        if torch.compiler.is_compiling():
+            return (a.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2).reshape(B, h, 1, hd)
+        return (a @ v).reshape(B, h, 1, hd)
+
+
+def one_query_attention(model: nn.Module) -> int:
+    """Every MultiHeadAttention inside model answers single queries as OneQueryAttention (the same module,
+    the same parameters: only its class changes); returns how many."""
+    return _swap(model, MultiHeadAttention, OneQueryAttention)
+
+
+def plain_attention(model: nn.Module) -> int:
+    """Undo one_query_attention: the chapter's MultiHeadAttention again; returns how many."""
+    return _swap(model, OneQueryAttention, MultiHeadAttention)
+
+
+def _swap(model: nn.Module, old: type, new: type) -> int:
+    n = 0
+    for m in model.modules():
+        if type(m) is old:
+            m.__class__ = new
+            n += 1
+    return n
