@@ -74,6 +74,10 @@ def profile(r: dict[str, Any]) -> str:
             "compiled graph's Python wrapper, and the rest (the loop's Python).\n\n" + "\n".join(lines))
 
 
+def rounds(n: int, what: str = "round") -> str:
+    return f"one {what}" if n == 1 else f"{n} {what}s"
+
+
 def table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
                      + ["| " + " | ".join(row) + " |" for row in rows])
@@ -97,9 +101,9 @@ def smollm2(r: dict[str, Any]) -> str:
     same = "; ".join(f"{short[dtype]} eager {'yes' if d['same_tokens']['lumen'] else 'NO'}, compiled "
                      f"{'yes' if d['same_tokens']['lumen-compiled'] else 'NO'}" for dtype, d in r["dtypes"].items())
     compile_s = ", ".join(f"{d['compile_s']:.0f} s ({short[dtype]})" for dtype, d in r["dtypes"].items())
-    return (f"SmolLM2-135M from its GGUF file, both loaded in the dtype named, {r['threads']} threads; medians of "
-            f"{r['repeats']} round{'s' * (r['repeats'] != 1)} (the contenders taking turns); decoding is greedy "
-            "with a KV cache after a short prompt, its prefill included; compile time not counted.\n\n"
+    return (f"SmolLM2-135M from its GGUF file, both loaded in the dtype named, {r['threads']} threads; "
+            f"{'medians of ' * (r['repeats'] != 1)}{rounds(r['repeats'])} (the contenders taking turns); decoding is "
+            "greedy with a KV cache after a short prompt, its prefill included; compile time not counted.\n\n"
             + table(["", "lumen eager", "lumen compiled", "HF transformers", "best lumen / HF", "goal"], rows)
             + f"\n\nGreedy tokens the same as HF's: {same}. Compiling took {compile_s}.")
 
@@ -129,8 +133,8 @@ def train(r: dict[str, Any]) -> str:
         goals.append(f"lumen's best fp32 / HF's best fp32: **{best('lumen', 'float32') / best('hf', 'float32'):.2f}x**"
                      " (goal >= 1x, peak memory no higher)")
     return (f"One training step (forward, backward, AdamW) of the same GPT-2-shaped model, {r['layers']}x"
-            f"{r['d_model']}, context {r['context']}, batch {r['batch']}, on {r['device']}; best of {r['repeats']} "
-            f"round{'s' * (r['repeats'] != 1)} of {r['steps']} steps, lumen and HF taking turns; peak memory is "
+            f"{r['d_model']}, context {r['context']}, batch {r['batch']}, on {r['device']}; best of "
+            f"{rounds(r['repeats'])} of {r['steps']} steps, lumen and HF taking turns; peak memory is "
             "that of the step's tensors above the weights and optimizer state.\n\n"
             + table(["", "lumen", "HF `GPT2LMHeadModel`", "lumen / HF"], rows) + "\n\n" + "; ".join(goals) + ".")
 
@@ -152,9 +156,10 @@ def contention(r: dict[str, Any]) -> str:
         rows.append(cells)
     loads = "; ".join(f"{name}: " + ", ".join("/".join(f"{x:.1f}" for x in rnd) for rnd in b["loads"])
                       for name, b in parts)
-    return (" and ".join(b["title"] for _, b in parts) + f", alone and beside busy processes (each a Python "
+    what = " and ".join(b["title"] for _, b in parts)
+    return (what[:1].upper() + what[1:] + ", alone and beside busy processes (each a Python "
             "loop spinning); \"fixed\" is torch's default of one thread per core, \"tuned\" lumen's ThreadTuner; "
-            f"medians of {r['rounds']} round{'s' * (r['rounds'] != 1)} of {r['seconds']:g} s. Goals: >= 0.8x the "
+            f"{'medians of ' * (r['rounds'] != 1)}{rounds(r['rounds'])} of {r['seconds']:g} s. Goals: >= 0.8x the "
             f"fair share at every count, >= 0.4x quiet with as many busy processes as cores.\n\n"
             + table(head, rows) + f"\n\nLoad average after each setting, round by round: {loads}.")
 
