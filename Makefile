@@ -58,7 +58,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-# speed against Hugging Face, measured in one run each (numbers in the README)
+# speed against the anchors, measured in one run each; the last line renders docs/speed.md from docs/speed/*.json
 bench: setup
 	$(BIN)/python bench/bench_train.py
 	$(BIN)/python bench/bench_smollm2.py

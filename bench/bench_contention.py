@@ -12,7 +12,8 @@ speed (the speed before lumen measured its threads) and of the fair share: quiet
 cores, where the cores we could get are the larger of the cores left idle (cores - N) and an equal share
 (cores / (N + 1)). Goals: >= 0.8x the fair share at every N;
 >= 0.4x quiet with two busy processes on two cores. The machine's load average is printed with each round:
-on a shared machine "quiet" is only as quiet as the others let it be. Not a test.
+on a shared machine "quiet" is only as quiet as the others let it be. The results go to
+docs/speed/contention.json (bench/results.py), which bench/speed_doc.py renders into docs/speed.md. Not a test.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from results import Record  # bench/results.py: the table docs/speed.md renders (this script's folder is on sys.path)
 
 
 def busy(n: int) -> list[subprocess.Popen]:
@@ -83,7 +86,9 @@ def rate(step, per_step: int, seconds: float, tuner) -> float:
     return n * per_step / (time.perf_counter() - t_start)
 
 
-def measure(name: str, step, per_step: int, args: argparse.Namespace) -> None:
+def measure(name: str, step, per_step: int, args: argparse.Namespace) -> dict:
+    """Prints the table; returns {"title", "cores", "threads", "loads": [per round, per setting], "rows":
+    [{"busy", "fair", "fixed", "tuned"}]}: median tokens/s, and the fair share's tokens/s."""
     import torch
 
     from lumen.threads import ThreadTuner
@@ -99,6 +104,7 @@ def measure(name: str, step, per_step: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(all_threads)
     settings = sorted({0, 1, 2, cores})
     speeds: dict[tuple[int, str], list[float]] = {}
+    round_loads = []
     for r in range(args.rounds):
         loads = []
         for n in settings:
@@ -111,8 +117,10 @@ def measure(name: str, step, per_step: int, args: argparse.Namespace) -> None:
                 speeds.setdefault((n, "tuned"), []).append(rate(step, per_step, args.seconds, tuner))
             finally:
                 stop(procs)
-            loads.append(f"N={n}: {os.getloadavg()[0]:.1f}")
-        print(f"{name} round {r + 1}: load average {', '.join(loads)}", file=sys.stderr, flush=True)
+            loads.append(round(os.getloadavg()[0], 2))
+        round_loads.append(loads)
+        print(f"{name} round {r + 1}: load average "
+              + ", ".join(f"N={n}: {x:.1f}" for n, x in zip(settings, loads)), file=sys.stderr, flush=True)
     torch.set_num_threads(all_threads)
     quiet = statistics.median(speeds[(0, "fixed")])
     unit = "tok/s"
@@ -120,11 +128,15 @@ def measure(name: str, step, per_step: int, args: argparse.Namespace) -> None:
           f"{args.seconds:g} s)")
     print(f"| busy processes | policy | {unit} | x quiet (fixed) | x fair share |")
     print("|---|---|---|---|---|")
+    rows = []
     for n in settings:
         fair = quiet * max(cores - n, cores / (n + 1)) / cores
+        row = {"busy": n, "fair": fair}
         for policy in ("fixed", "tuned"):
-            s = statistics.median(speeds[(n, policy)])
+            row[policy] = s = statistics.median(speeds[(n, policy)])
             print(f"| {n} | {policy} | {s:,.0f} | {s / quiet:.2f} | {s / fair:.2f} |")
+        rows.append(row)
+    return {"title": name, "cores": cores, "threads": all_threads, "loads": round_loads, "rows": rows}
 
 
 def main() -> None:
@@ -139,12 +151,14 @@ def main() -> None:
     from lumen.train import load_config
     from lumen.train.loop import run_settings
 
-    if args.only in (None, "train"):
-        cfg, _ = load_config(preset="shakespeare", sets=["save=false", "progress=false"])
-        with run_settings(cfg):  # what `lumen train` runs under (deterministic mode when compiled)
-            measure("training step (preset shakespeare, compiled)", *training_step(), args)
-    if args.only in (None, "decode"):
-        measure("compiled decoding (baby-llama, one token per step)", *decoding_step(), args)
+    with Record("contention") as rec:
+        rec.update(seconds=args.seconds, rounds=args.rounds)
+        if args.only in (None, "train"):
+            cfg, _ = load_config(preset="shakespeare", sets=["save=false", "progress=false"])
+            with run_settings(cfg):  # what `lumen train` runs under (deterministic mode when compiled)
+                rec["train"] = measure("training step (preset shakespeare, compiled)", *training_step(), args)
+        if args.only in (None, "decode"):
+            rec["decode"] = measure("compiled decoding (baby-llama, one token per step)", *decoding_step(), args)
 
 
 if __name__ == "__main__":

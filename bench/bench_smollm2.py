@@ -11,8 +11,9 @@ for lumen eager and compiled, both through the speed wing's door as `lumen gener
 (`lumen.fast.decoding(model, compile)`: its step for the prefill, its generate for decoding; the time to compile
 is printed, not counted), and the ratios lumen/HF, by wall time and by CPU time; the goals
 are decode >= 2x HF fp32, bf16 weights >= 3x HF fp32, prefill >= 1.2x.
-Timings are medians over --repeats rounds that take lumen eager, lumen compiled and HF in turn (the
-machine may be shared: run it twice). On a machine shared by more busy processes than cores,
+The results go to docs/speed/smollm2.json (bench/results.py), which bench/speed_doc.py renders into
+docs/speed.md. Timings are medians over --repeats rounds that take lumen eager, lumen compiled and HF in turn
+(the machine may be shared: run it twice). On a machine shared by more busy processes than cores,
 --threads 1 gives steadier numbers: a multi-threaded op then waits for a second core to be scheduled.
 Not a test.
 """
@@ -29,6 +30,7 @@ import time
 import torch
 
 from lumen import fast
+from results import Record  # bench/results.py: the table docs/speed.md renders
 from rss import reset_peak, status_kib  # bench/rss.py (the script's own folder is on sys.path)
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
@@ -160,7 +162,10 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
-    results = {name: bench(getattr(torch, name), args.prefill, args.decode, args.repeats) for name in args.dtypes}
+    with Record("smollm2") as rec:
+        rec.update(prefill=args.prefill, decode=args.decode, repeats=args.repeats, threads=torch.get_num_threads())
+        rec["dtypes"] = results = {name: bench(getattr(torch, name), args.prefill, args.decode, args.repeats)
+                                   for name in args.dtypes}
     hf32 = results.get("float32", {}).get("hf")
     print(f"\n{'':10}{'who':15}{'prefill tok/s':>15}{'decode tok/s':>14}{'weights MiB':>13}"
           f"{'peak+ prefill':>15}{'peak+ decode':>14}")

@@ -12,7 +12,8 @@ the matmul peak measured in that subprocess in that dtype, and the peak memory o
 weights and optimizer state (activations, gradients, temporaries: from the profiler's record of every
 allocation on CPU, max_memory_allocated on CUDA). lumen's step is its training loop's (lumen.train.loop: the
 same compile options, settings and attention path); HF's is torch.compile's defaults. Goals: bf16 >= 1.5x
-the best HF setting, fp32 no slower than HF, peak memory no higher. Not a test.
+the best HF setting, fp32 no slower than HF, peak memory no higher. The results go to docs/speed/train.json
+(bench/results.py), which bench/speed_doc.py renders into docs/speed.md. Not a test.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 import warnings
+
+from results import Record  # bench/results.py: the table docs/speed.md renders (this script's folder is on sys.path)
 
 
 def build(impl: str, args: argparse.Namespace):
@@ -160,6 +163,14 @@ def main() -> None:
         return
 
     settings = [(d, c) for c in ([False] if args.no_compile else [False, True]) for d in ("float32", "bfloat16")]
+    with Record("train") as rec:
+        rec.update(layers=args.layers, d_model=args.d_model, context=args.context, batch=args.batch,
+                   steps=args.steps, repeats=args.repeats, device=args.device)
+        rec["rows"] = compare(settings, args)
+
+
+def compare(settings: list[tuple[str, bool]], args: argparse.Namespace) -> list[dict]:
+    """Each setting in its own subprocess; prints the table and the goals, returns the rows."""
     rows = []
     print(f"training step, {args.layers} layers x {args.d_model} wide, context {args.context}, batch {args.batch}, "
           f"{args.device}; best of {args.repeats} x {args.steps} steps", flush=True)
@@ -190,6 +201,7 @@ def main() -> None:
         if len(pair) == 2:
             print(f"peak memory {dtype} {'compiled' if compiled else 'eager'}: lumen {pair['lumen']['peak_mib']:,.0f} "
                   f"MiB vs HF {pair['hf']['peak_mib']:,.0f} MiB")
+    return rows
 
 
 if __name__ == "__main__":

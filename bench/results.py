@@ -3,7 +3,7 @@ renders docs/speed.md. Each file names the machine (CPU model and the flags that
 AVX-512 VNNI and BF16, AVX2), torch's version, the date, the load average before and after the bench, the
 command, and the bench's own tables.
 
-    >>> with Record("llamacpp", __doc__) as rec:       # doctest: +SKIP
+    >>> with Record("llamacpp") as rec:                # doctest: +SKIP
     ...     rec["decode"] = [...]                      # anything JSON can hold
 """
 
@@ -44,7 +44,7 @@ class Record(dict):
     """A bench's results, written to docs/speed/NAME.json on leaving (with the load average then)."""
 
     def __init__(self, name: str, out: Path | None = None):
-        super().__init__(bench=name, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        super().__init__(bench=name, command=" ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
                          machine=machine(), date=datetime.date.today().isoformat(), load_before=load_average())
         self.path = (out or RESULTS) / f"{name}.json"
 

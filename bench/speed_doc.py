@@ -1,6 +1,6 @@
 """Render the measured sections of docs/speed.md from the benches' results (docs/speed/*.json, bench/results.py).
 
-    .venv/bin/python bench/speed_doc.py          # after a bench; `make bench` runs it last
+    .venv/bin/python bench/speed_doc.py [--page docs/speed.md] [--results docs/speed]   # `make bench` runs it last
 
 The page's prose is written by hand; each measured section sits between two markers,
 `<!-- measured: NAME -->` and `<!-- end: NAME -->`, and is rewritten from docs/speed/NAME.json (a bench that
@@ -10,6 +10,7 @@ before and after, the date and the command. Not a test.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from collections.abc import Callable
@@ -73,8 +74,114 @@ def profile(r: dict[str, Any]) -> str:
             "compiled graph's Python wrapper, and the rest (the loop's Python).\n\n" + "\n".join(lines))
 
 
-RENDER: dict[str, Callable[[dict[str, Any]], str]] = {"llamacpp": llamacpp, "profile": profile}
-COMMAND = {"llamacpp": "bench/bench_llamacpp.py", "profile": "bench/profile_decode.py"}
+def rounds(n: int, what: str = "round") -> str:
+    return f"one {what}" if n == 1 else f"{n} {what}s"
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def smollm2(r: dict[str, Any]) -> str:
+    short = {"float32": "fp32", "bfloat16": "bf16"}
+    goals = {("float32", "prefill"): ">= 1.2x", ("float32", "decode"): ">= 2x", ("bfloat16", "decode"): ">= 3x HF fp32"}
+    hf32 = r["dtypes"].get("float32", {}).get("hf")
+    rows = []
+    for dtype, d in r["dtypes"].items():
+        for task, n in (("prefill", r["prefill"]), ("decode", r["decode"])):
+            key = f"{task}_tok_s"
+            best = max(d["lumen"][key], d["lumen-compiled"][key])
+            ratio = f"**{best / d['hf'][key]:.2f}x**"
+            if dtype != "float32" and task == "decode" and hf32:
+                ratio += f"; **{best / hf32[key]:.2f}x HF fp32**"
+            rows.append([f"{task} {short[dtype]}, {n} tokens"] + [f"{d[who][key]:,.1f} tok/s" for who in
+                                                                  ("lumen", "lumen-compiled", "hf")]
+                        + [ratio, goals.get((dtype, task), "")])
+    same = "; ".join(f"{short[dtype]} eager {'yes' if d['same_tokens']['lumen'] else 'NO'}, compiled "
+                     f"{'yes' if d['same_tokens']['lumen-compiled'] else 'NO'}" for dtype, d in r["dtypes"].items())
+    compile_s = ", ".join(f"{d['compile_s']:.0f} s ({short[dtype]})" for dtype, d in r["dtypes"].items())
+    return (f"SmolLM2-135M from its GGUF file, both loaded in the dtype named, {r['threads']} threads; "
+            f"{'medians of ' * (r['repeats'] != 1)}{rounds(r['repeats'])} (the contenders taking turns); decoding is "
+            "greedy with a KV cache after a short prompt, its prefill included; compile time not counted.\n\n"
+            + table(["", "lumen eager", "lumen compiled", "HF transformers", "best lumen / HF", "goal"], rows)
+            + f"\n\nGreedy tokens the same as HF's: {same}. Compiling took {compile_s}.")
+
+
+def train(r: dict[str, Any]) -> str:
+    short = {"float32": "fp32", "bfloat16": "bf16 autocast"}
+    pairs: dict[tuple[str, bool], dict[str, dict]] = {}
+    for row in r["rows"]:
+        pairs.setdefault((row["dtype"], row["compiled"]), {})[row["impl"]] = row
+
+    def cell(x: dict) -> str:
+        return f"{x['tokens_per_s']:,.0f} tok/s, {x['mfu']:.0%} MFU, {x['peak_mib']:,.0f} MiB peak"
+
+    rows = [[f"{short[dtype]} {'compiled' if compiled else 'eager'}", cell(p["lumen"]), cell(p["hf"]),
+             f"{p['lumen']['tokens_per_s'] / p['hf']['tokens_per_s']:.2f}x"]
+            for (dtype, compiled), p in pairs.items() if len(p) == 2]
+
+    def best(impl: str, dtype: str | None = None) -> float:
+        return max((x["tokens_per_s"] for x in r["rows"] if x["impl"] == impl and dtype in (None, x["dtype"])),
+                   default=0.0)
+
+    goals = []
+    if best("lumen", "bfloat16") and best("hf"):
+        goals.append(f"lumen's best bf16 / HF's best setting: **{best('lumen', 'bfloat16') / best('hf'):.2f}x** "
+                     "(goal >= 1.5x)")
+    if best("lumen", "float32") and best("hf", "float32"):
+        goals.append(f"lumen's best fp32 / HF's best fp32: **{best('lumen', 'float32') / best('hf', 'float32'):.2f}x**"
+                     " (goal >= 1x, peak memory no higher)")
+    return (f"One training step (forward, backward, AdamW) of the same GPT-2-shaped model, {r['layers']}x"
+            f"{r['d_model']}, context {r['context']}, batch {r['batch']}, on {r['device']}; best of "
+            f"{rounds(r['repeats'])} of {r['steps']} steps, lumen and HF taking turns; peak memory is "
+            "that of the step's tensors above the weights and optimizer state.\n\n"
+            + table(["", "lumen", "HF `GPT2LMHeadModel`", "lumen / HF"], rows) + "\n\n" + "; ".join(goals) + ".")
+
+
+def contention(r: dict[str, Any]) -> str:
+    parts = [(name, r[key]) for key, name in (("train", "training"), ("decode", "decoding")) if key in r]
+    busy = [row["busy"] for row in parts[0][1]["rows"]]
+    cores = parts[0][1]["cores"]
+    head = ["busy processes"]
+    for name, _ in parts:
+        head += [f"{name} fixed / tuned, tok/s", "tuned x quiet / x fair share"]
+    rows = []
+    for i, n in enumerate(busy):
+        cells = [f"{n}" + (" (= the number of cores)" if n == cores else "")]
+        for _, b in parts:
+            row, quiet = b["rows"][i], b["rows"][0]["fixed"]
+            cells += [f"{row['fixed']:,.0f} / {row['tuned']:,.0f}",
+                      f"{row['tuned'] / quiet:.2f} / {row['tuned'] / row['fair']:.2f}"]
+        rows.append(cells)
+    loads = "; ".join(f"{name}: " + ", ".join("/".join(f"{x:.1f}" for x in rnd) for rnd in b["loads"])
+                      for name, b in parts)
+    what = " and ".join(b["title"] for _, b in parts)
+    return (what[:1].upper() + what[1:] + ", alone and beside busy processes (each a Python "
+            "loop spinning); \"fixed\" is torch's default of one thread per core, \"tuned\" lumen's ThreadTuner; "
+            f"{'medians of ' * (r['rounds'] != 1)}{rounds(r['rounds'])} of {r['seconds']:g} s. Goals: >= 0.8x the "
+            f"fair share at every count, >= 0.4x quiet with as many busy processes as cores.\n\n"
+            + table(head, rows) + f"\n\nLoad average after each setting, round by round: {loads}.")
+
+
+def nanogpt(r: dict[str, Any]) -> str:
+    rows = [[x["run"], f"{x['steps']:,}" if x["steps"] is not None else "",
+             f"{x['tokens'] / 1e6:.2f}M" if x["tokens"] else "", f"{x['nats_per_char']:.3f}"] for x in r["rows"]]
+    return ("The main job against nanoGPT's CPU recipe, the same split and one evaluator (every token of the "
+            "five held-out works, total nats over characters):\n\n"
+            + table(["run", "steps", "tokens seen", "held-out nats/char"], rows))
+
+
+RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
+    "llamacpp": llamacpp, "profile": profile, "smollm2": smollm2, "train": train, "contention": contention,
+    "nanogpt": nanogpt}
+SCRIPT = {"llamacpp": "bench_llamacpp.py", "profile": "profile_decode.py", "smollm2": "bench_smollm2.py",
+          "train": "bench_train.py", "contention": "bench_contention.py"}
+# what fills a section that never ran here
+COMMAND = {name: f"`.venv/bin/python bench/{script}`" for name, script in SCRIPT.items()} | {
+    "nanogpt": ("the three steps in bench/vs_nanogpt.py's docstring (clone nanoGPT, export lumen's split, train "
+                "it five minutes, then `.venv/bin/python bench/vs_nanogpt.py eval NANOGPT NANOGPT/out-lumen "
+                "runs/shakespeare`)")}
 
 
 def render(page: str, where: Path = RESULTS) -> str:
@@ -82,20 +189,29 @@ def render(page: str, where: Path = RESULTS) -> str:
     def section(m: re.Match) -> str:
         name = m.group(1)
         r = read(name, where)
-        body = (f"Not measured on this machine yet: run `.venv/bin/python {COMMAND[name]}`." if r is None
+        body = (f"Not measured on this machine yet: run {COMMAND[name]}." if r is None
                 else RENDER[name](r) + "\n\n" + provenance(r))
         return f"<!-- measured: {name} -->\n{body}\n<!-- end: {name} -->"
 
     return re.sub(r"<!-- measured: (\w+) -->.*?<!-- end: \1 -->", section, page, flags=re.S)
 
 
-def main() -> None:
-    text = PAGE.read_text()
-    missing = [n for n in RENDER if f"<!-- measured: {n} -->" not in text]
-    if missing:
-        sys.exit(f"{PAGE}: no '<!-- measured: {missing[0]} -->' section; add its markers where it belongs")
-    PAGE.write_text(render(text))
-    print(f"wrote {PAGE}", file=sys.stderr)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--page", type=Path, default=PAGE, help="the page to rewrite (default: docs/speed.md)")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="the benches' JSON (default: docs/speed/)")
+    args = ap.parse_args(argv)
+    text = args.page.read_text()
+    missing = [n for n in RENDER if f"<!-- measured: {n} -->" not in text or f"<!-- end: {n} -->" not in text]
+    unknown = sorted(set(re.findall(r"<!-- measured: (\w+) -->", text)) - set(RENDER))
+    if missing or unknown:  # one line, the page left as it was
+        print(f"{args.page}: no '<!-- measured: {missing[0]} -->' ... '<!-- end: {missing[0]} -->' section; add its "
+              "markers where its table belongs" if missing else
+              f"{args.page}: '<!-- measured: {unknown[0]} -->' names no bench; use one of {', '.join(RENDER)}",
+              file=sys.stderr)
+        sys.exit(2)
+    args.page.write_text(render(text, args.results))
+    print(f"wrote {args.page}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,15 @@ lumen: clone it anywhere (github.com/karpathy/nanoGPT) and point this script at 
     .venv/bin/python bench/vs_nanogpt.py speed NANOGPT        # its training tokens/s, interleaved with lumen's
     # 3. both models through one evaluator: every token of the held-out works, nats per character
     .venv/bin/python bench/vs_nanogpt.py eval NANOGPT NANOGPT/out-lumen runs/shakespeare
+
+`eval` writes its table to docs/speed/nanogpt.json (bench/results.py), which bench/speed_doc.py renders into
+docs/speed.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pickle
 import sys
 import time
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 
 from lumen.data import TokenData, prepare
+from results import Record  # bench/results.py (this script's folder is on sys.path)
 
 
 def export(out: Path) -> None:
@@ -61,6 +66,7 @@ def nanogpt(repo: Path):
 
 def evaluate(repo: Path, ckpt_dir: Path, run_dir: Path) -> None:
     from lumen.formats import load
+    from lumen.formats.checkpoint import META, resolve
     from lumen.train.config import load_config
 
     GPT, GPTConfig = nanogpt(repo)
@@ -69,11 +75,21 @@ def evaluate(repo: Path, ckpt_dir: Path, run_dir: Path) -> None:
     theirs.load_state_dict(ck["model"])
     theirs.eval()
     logits_of = lambda x: theirs(x, x)[0]  # noqa: E731  (given targets, nanoGPT returns every position's logits)
-    print(f"nanoGPT {ckpt_dir} (iter {ck['iter_num']}): "
-          f"{nats_per_char(logits_of, prepare('shakespeare', 'char'), ck['model_args']['block_size']):.4f} nats/char")
+    theirs_nats = nats_per_char(logits_of, prepare('shakespeare', 'char'), ck['model_args']['block_size'])
+    print(f"nanoGPT {ckpt_dir} (iter {ck['iter_num']}): {theirs_nats:.4f} nats/char")
     ours = load(run_dir).model
     cfg, _ = load_config(str(run_dir / "config.toml"))
-    print(f"lumen {run_dir}: {nats_per_char(lambda x: ours(x)[0], cfg.prepare_data(), ours.cfg.context):.4f} nats/char")
+    ours_nats = nats_per_char(lambda x: ours(x)[0], cfg.prepare_data(), ours.cfg.context)
+    print(f"lumen {run_dir}: {ours_nats:.4f} nats/char")
+    with Record("nanogpt") as rec:
+        a, c = ck["model_args"], ck.get("config", {})
+        per_step = c.get("batch_size", 0) * c.get("gradient_accumulation_steps", 1) * a["block_size"]
+        meta = json.loads((resolve(run_dir) / META).read_text())
+        rec["rows"] = [
+            {"run": f"nanoGPT, characters, {a['n_layer']}x{a['n_embd']}, fp32", "steps": ck["iter_num"],
+             "tokens": ck["iter_num"] * per_step or None, "nats_per_char": theirs_nats},
+            {"run": f"lumen `{run_dir}` ({ours.cfg.n_layers}x{ours.cfg.d_model}, vocabulary {ours.cfg.vocab_size})",
+             "steps": meta.get("step"), "tokens": meta.get("tokens"), "nats_per_char": ours_nats}]
 
 
 def speed(repo: Path, rounds: int = 4, steps: int = 3) -> None:

@@ -1,0 +1,161 @@
+"""docs/speed.md is generated: bench/results.py's Record writes a bench's results as JSON, bench/speed_doc.py
+renders each marked section of the page from them. The numbers on the page are the JSON's (read back from the
+rendered table, an independent route), a section that never ran says which command fills it, and a page
+without a bench's markers is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))  # the benches import each other as top-level modules (bench/ is not a package)
+
+import results  # noqa: E402
+import speed_doc  # noqa: E402
+
+
+def marked(*names: str) -> str:
+    return "# Speed\n\nprose written by hand\n\n" + "".join(
+        f"## {n}\n\n<!-- measured: {n} -->\nstale text\n<!-- end: {n} -->\n\nmore prose\n\n" for n in names)
+
+
+def section(page: str, name: str) -> str:
+    m = re.search(rf"<!-- measured: {name} -->\n(.*?)\n<!-- end: {name} -->", page, flags=re.S)
+    assert m, f"no {name} section in the rendered page"
+    return m.group(1)
+
+
+def rows(text: str) -> list[list[str]]:
+    """The body rows of the markdown table in text, cell by cell (the header and the rule dropped)."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def numbers(cell: str) -> list[float]:
+    return [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", cell)]
+
+
+def smollm2_record(tmp_path: Path) -> Path:
+    def who(pre: float, dec: float) -> dict:
+        return {"prefill_tok_s": pre, "decode_tok_s": dec, "prefill_tok_cpu_s": pre / 2, "decode_tok_cpu_s": dec / 2,
+                "weights_mib": 500.0, "peak_extra_mib_prefill": 10.0, "peak_extra_mib_decode": 5.0}
+
+    with results.Record("smollm2", tmp_path) as rec:
+        rec.update(prefill=256, decode=32, repeats=1, threads=2)
+        rec["dtypes"] = {
+            "float32": {"lumen": who(524.0, 20.4), "lumen-compiled": who(514.0, 59.4), "hf": who(469.0, 18.1),
+                        "same_tokens": {"lumen": True, "lumen-compiled": True}, "compile_s": 61.0},
+            "bfloat16": {"lumen": who(975.0, 27.9), "lumen-compiled": who(1031.0, 77.5), "hf": who(979.0, 25.0),
+                         "same_tokens": {"lumen": True, "lumen-compiled": False}, "compile_s": 70.0}}
+    return tmp_path / "smollm2.json"
+
+
+def test_a_record_renders_its_own_numbers(tmp_path):
+    path = smollm2_record(tmp_path)
+    saved = json.loads(path.read_text())
+    assert saved["machine"]["cores"] and len(saved["load_before"]) == len(saved["load_after"]) == 3
+
+    page = speed_doc.render(marked("smollm2", "train"), tmp_path)
+    assert "stale text" not in section(page, "smollm2") and page.count("more prose") == 2
+    body = rows(section(page, "smollm2"))
+    assert [r[0] for r in body] == ["prefill fp32, 256 tokens", "decode fp32, 32 tokens", "prefill bf16, 256 tokens",
+                                    "decode bf16, 32 tokens"]
+    for r, (dtype, task) in zip(body, [(d, t) for d in ("float32", "bfloat16") for t in ("prefill", "decode")]):
+        d = saved["dtypes"][dtype]
+        # the three contenders' figures, parsed back from the page, are the JSON's to its rounding
+        got = [numbers(cell)[0] for cell in r[1:4]]
+        want = [d[who][f"{task}_tok_s"] for who in ("lumen", "lumen-compiled", "hf")]
+        assert got == pytest.approx(want, abs=0.051)
+        # the ratio is the best lumen over HF, computed here from the JSON
+        best = max(want[:2]) / want[2]
+        assert numbers(r[4])[0] == pytest.approx(best, abs=0.0051)
+    hf32 = saved["dtypes"]["float32"]["hf"]["decode_tok_s"]
+    assert numbers(body[3][4])[1] == pytest.approx(77.5 / hf32, abs=0.0051)  # bf16 decoding against HF fp32
+    assert "compiled NO" in section(page, "smollm2")  # the bf16 compiled tokens differed: the page says so
+    # the provenance line: machine, date, load before and after, the command that measured it
+    m = saved["machine"]
+    assert f"{m['cores']}-core {m['cpu']}" in page and saved["date"] in page
+    assert f"load average {saved['load_before'][0]:.1f} before, {saved['load_after'][0]:.1f} after" in page
+
+
+def test_train_and_contention_tables_are_their_json(tmp_path):
+    with results.Record("train", tmp_path) as rec:
+        rec.update(layers=6, d_model=384, context=256, batch=8, steps=2, repeats=1, device="cpu")
+        rec["rows"] = [{"impl": impl, "dtype": dtype, "compiled": False, "tokens_per_s": tps, "mfu": tps / 3000,
+                        "peak_mib": mib, "matmul_peak_tflops": 0.2}
+                       for impl, dtype, tps, mib in (("hf", "float32", 1903.0, 570.0), ("lumen", "float32", 2066.0,
+                                                     381.0), ("hf", "bfloat16", 3309.0, 325.0),
+                                                     ("lumen", "bfloat16", 3251.0, 294.0))]
+    with results.Record("contention", tmp_path) as rec:
+        rec.update(seconds=1.0, rounds=1)
+        rec["decode"] = {"title": "compiled decoding", "cores": 2, "threads": 2, "loads": [[1.0, 2.0, 3.0]],
+                         "rows": [{"busy": 0, "fair": 600.0, "fixed": 600.0, "tuned": 590.0},
+                                  {"busy": 1, "fair": 300.0, "fixed": 139.0, "tuned": 375.0},
+                                  {"busy": 2, "fair": 200.0, "fixed": 103.0, "tuned": 224.0}]}
+    page = speed_doc.render(marked("train", "contention"), tmp_path)
+
+    train = json.loads((tmp_path / "train.json").read_text())
+    body = rows(section(page, "train"))
+    assert [r[0] for r in body] == ["fp32 eager", "bf16 autocast eager"]
+    for r, dtype in zip(body, ("float32", "bfloat16")):
+        x = {row["impl"]: row for row in train["rows"] if row["dtype"] == dtype}
+        for cell, impl in ((r[1], "lumen"), (r[2], "hf")):
+            tps, mfu, mib = numbers(cell)
+            assert (tps, mfu, mib) == (round(x[impl]["tokens_per_s"]), round(100 * x[impl]["mfu"]),
+                                       round(x[impl]["peak_mib"]))
+        assert numbers(r[3])[0] == pytest.approx(x["lumen"]["tokens_per_s"] / x["hf"]["tokens_per_s"], abs=0.0051)
+    # the headline goal: lumen's best bf16 over HF's best setting, whichever dtype that was
+    assert f"**{3251 / 3309:.2f}x** (goal >= 1.5x)" in section(page, "train")
+
+    body = rows(section(page, "contention"))
+    assert [numbers(r[0])[0] for r in body] == [0, 1, 2] and "number of cores" in body[2][0]
+    for r, row in zip(body, json.loads((tmp_path / "contention.json").read_text())["decode"]["rows"]):
+        assert numbers(r[1]) == [round(row["fixed"]), round(row["tuned"])]
+        assert numbers(r[2]) == pytest.approx([row["tuned"] / 600.0, row["tuned"] / row["fair"]], abs=0.0051)
+
+
+def test_a_bench_that_never_ran_says_which_command_fills_it(tmp_path):
+    page = speed_doc.render(marked(*speed_doc.RENDER), tmp_path)  # an empty results folder
+    for name in speed_doc.RENDER:
+        text = section(page, name)
+        assert text.startswith("Not measured on this machine yet")
+        if name in speed_doc.SCRIPT:
+            assert f"`.venv/bin/python bench/{speed_doc.SCRIPT[name]}`" in text
+            assert (BENCH / speed_doc.SCRIPT[name]).is_file()
+    assert "bench/vs_nanogpt.py eval" in section(page, "nanogpt")
+
+
+def test_a_failed_bench_writes_nothing(tmp_path):
+    with pytest.raises(RuntimeError), results.Record("train", tmp_path) as rec:
+        rec["rows"] = []
+        raise RuntimeError("the bench broke")
+    assert results.read("train", tmp_path) is None
+
+
+def test_the_page_without_a_bench_s_markers_is_refused_in_one_line(tmp_path, capsys):
+    page = tmp_path / "speed.md"
+    text = marked(*[n for n in speed_doc.RENDER if n != "train"])
+    page.write_text(text)
+    with pytest.raises(SystemExit) as exit:
+        speed_doc.main(["--page", str(page), "--results", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(err.splitlines()) == 1
+    assert str(page) in err and "<!-- measured: train -->" in err and "add its markers" in err
+    assert page.read_text() == text  # nothing rewritten
+
+    page.write_text(marked(*speed_doc.RENDER, "nonesuch"))
+    with pytest.raises(SystemExit) as exit:
+        speed_doc.main(["--page", str(page), "--results", str(tmp_path)])
+    assert exit.value.code == 2 and "nonesuch" in capsys.readouterr().err
+
+
+def test_the_real_page_has_every_bench_s_section():
+    text = speed_doc.PAGE.read_text()
+    for name in speed_doc.RENDER:
+        assert text.count(f"<!-- measured: {name} -->") == text.count(f"<!-- end: {name} -->") == 1
+    assert "Earlier measurements" not in text  # history belongs to git
