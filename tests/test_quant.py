@@ -98,6 +98,14 @@ def test_products_equal_their_references(qtype, kernels, cpp_compiler, monkeypat
             y = fn(x[:1, :1])
             assert y.shape == (1, 1, 96) and y.dtype == torch.float32
             torch.testing.assert_close(y[0, 0].double(), one, rtol=1e-5, atol=1e-4)
+        before = torch.get_num_threads()
+        try:  # the rows split between threads (quant.cpp is built with OpenMP): each row's sum is unchanged
+            torch.set_num_threads(1)
+            alone = layer(x[:1, :1])
+            torch.set_num_threads(2)
+            assert torch.equal(layer(x[:1, :1]), alone)
+        finally:
+            torch.set_num_threads(before)
 
 
 def test_products_by_slabs_of_rows(monkeypatch):

@@ -62,6 +62,9 @@ def kernels() -> bool:
 
 
 SOURCE = Path(__file__).with_name("quant.cpp")
+# OpenMP too: ATen's parallel_for is written in its headers as an OpenMP loop, so a kernel built without it
+# runs every row on one thread whatever torch.set_num_threads says
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
 def _load_kernels(source: Path = SOURCE) -> bool:
@@ -73,7 +76,8 @@ def _load_kernels(source: Path = SOURCE) -> bool:
         return False
     cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
     flags = next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
-    key = hashlib.sha256(source.read_bytes() + torch.__version__.encode() + flags.encode()).hexdigest()[:16]
+    key = hashlib.sha256(source.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()
+                         + flags.encode()).hexdigest()[:16]
     lib = cache_dir() / "kernels" / f"lumen_quant-{key}.so"
     try:
         if not lib.exists():
@@ -82,8 +86,8 @@ def _load_kernels(source: Path = SOURCE) -> bool:
             print("lumen: building the block kernels (lumen/quant.cpp; once per machine)", file=sys.stderr)
             lib.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=lib.parent) as build, atomic_path(lib) as out:
-                load("lumen_quant", [str(source)], extra_cflags=["-O3", "-march=native"], build_directory=build,
-                     is_python_module=False)  # (and loads it)
+                load("lumen_quant", [str(source)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+                     build_directory=build, is_python_module=False)  # (and loads it)
                 shutil.copyfile(next(Path(build).glob("lumen_quant*.so")), out)  # (torch may add _v1 ...)
         else:
             torch.ops.load_library(str(lib))
