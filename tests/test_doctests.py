@@ -22,6 +22,7 @@ RUNNABLE = [
     "lumen.formats.weights",
     "lumen.experiments.result",
     "lumen.experiments.stacks",
+    "lumen.fast.attention",
     "lumen.inspect",
     "lumen.inspect.cache",
     "lumen.inspect.finite",

@@ -7,7 +7,13 @@ queries (B, h, 1, hd) are viewed as (B, h_kv, group, hd), one small product agai
 gives the scores, one against its values the average. The same numbers to float32 rounding (another
 order of the sums); the pattern is not exposed (lumen.inspect reads it from the plain path).
 
-    >>> one_query_attention(model)     # every layer's attention, until plain_attention(model)   # doctest: +SKIP
+    >>> import torch
+    >>> from lumen import GPT, ModelConfig
+    >>> model = GPT(ModelConfig.from_name("baby-llama")).eval()
+    >>> one_query_attention(model)     # every layer's attention (how many), until plain_attention(model)
+    6
+    >>> type(model.blocks[0].attn).__name__, plain_attention(model), type(model.blocks[0].attn).__name__
+    ('OneQueryAttention', 6, 'MultiHeadAttention')
 """
 
 from __future__ import annotations
