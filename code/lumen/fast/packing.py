@@ -30,14 +30,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# whether this PyTorch has oneDNN's packed linear: asked once, here (torch.compile cannot trace the question,
+# and a compiled prompt that asked it would break its graph and run eager)
+ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
 
 def can_pack(model: nn.Module) -> bool:
     """True where packing pays: float32 or bf16 weights on a CPU whose PyTorch has oneDNN's packed linear."""
     p = next(model.parameters(), None)
-    return (
-        p is not None and p.device.type == "cpu" and p.dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+    return ONEDNN and p is not None and p.device.type == "cpu" and p.dtype in (torch.float32, torch.bfloat16)
 
 
 class FastLinear(nn.Linear):
