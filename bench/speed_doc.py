@@ -172,11 +172,29 @@ def nanogpt(r: dict[str, Any]) -> str:
             + table(["run", "steps", "tokens seen", "held-out nats/char"], rows))
 
 
+def speedrun(r: dict[str, Any]) -> str:
+    rows, before = [], None
+    for x in r["rows"]:
+        gain = "" if before is None else f"{x['nats_per_char'] - before:+.3f}"
+        at = x["time_to_milestone"]
+        rows.append([str(x["row"]), x["what"], " ".join(f"`{s}`" for s in x["sets"]) or "(none)",
+                     f"{x['steps']:,}", f"{x['tokens'] / 1e6:.1f}M", f"{x['seconds']:.0f} s",
+                     "" if at is None else f"{at:.0f} s", f"{x['nats_per_char']:.3f}", gain])
+        before = x["nats_per_char"]
+    return (f"Each row is the one above it with one change, trained from scratch in its own process (the "
+            f"`--set`s turn today's preset into that row); the score is every token of the five held-out works, "
+            f"nats per character, by the evaluator nanoGPT's row is scored by. Goal: <= {r['goal']:.2f} within "
+            f"{r['budget']:.0f} s of training (compiling and evaluations included); \"{r['milestone']:.2f} at\" is "
+            f"the run's clock at its first evaluation at or below {r['milestone']:.2f}.\n\n"
+            + table(["row", "change", "settings", "steps", "tokens", "training time", f"{r['milestone']:.2f} at",
+                     "held-out nats/char", "gain"], rows))
+
+
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "llamacpp": llamacpp, "profile": profile, "smollm2": smollm2, "train": train, "contention": contention,
-    "nanogpt": nanogpt}
+    "nanogpt": nanogpt, "speedrun": speedrun}
 SCRIPT = {"llamacpp": "bench_llamacpp.py", "profile": "profile_decode.py", "smollm2": "bench_smollm2.py",
-          "train": "bench_train.py", "contention": "bench_contention.py"}
+          "train": "bench_train.py", "contention": "bench_contention.py", "speedrun": "speedrun.py"}
 # what fills a section that never ran here
 COMMAND = {name: f"`.venv/bin/python bench/{script}`" for name, script in SCRIPT.items()} | {
     "nanogpt": ("the three steps in bench/vs_nanogpt.py's docstring (clone nanoGPT, export lumen's split, train "

@@ -119,6 +119,24 @@ def test_train_and_contention_tables_are_their_json(tmp_path):
         assert numbers(r[2]) == pytest.approx([row["tuned"] / 600.0, row["tuned"] / row["fair"]], abs=0.0051)
 
 
+def test_the_speedrun_table_is_its_json(tmp_path):
+    with results.Record("speedrun", tmp_path) as rec:
+        rec.update(goal=1.40, milestone=1.50, budget=300.0)
+        rec["rows"] = [{"row": i, "what": what, "sets": sets, "steps": steps, "tokens": steps * 2048,
+                        "seconds": secs, "nats_per_char": score, "time_to_milestone": at}
+                       for i, (what, sets, steps, secs, score, at) in enumerate((
+                           ("AdamW", ["optimizer=adamw"], 2400, 281.6, 1.4521, None),
+                           ("Muon", [], 2000, 290.2, 1.3987, 101.3)))]
+    body = rows(section(speed_doc.render(marked("speedrun"), tmp_path), "speedrun"))
+    saved = json.loads((tmp_path / "speedrun.json").read_text())["rows"]
+    assert [r[1] for r in body] == ["AdamW", "Muon"] and body[0][2] == "`optimizer=adamw`"
+    for r, x in zip(body, saved):
+        assert numbers(r[3]) == [x["steps"]] and numbers(r[5]) == [round(x["seconds"])]
+        assert numbers(r[7]) == [round(x["nats_per_char"], 3)]
+    assert body[0][6] == "" and numbers(body[1][6]) == [101]  # never reached 1.50; reached at 101 s
+    assert numbers(body[1][8]) == [round(abs(1.3987 - 1.4521), 3)] and body[1][8].startswith("-")
+
+
 def test_a_bench_that_never_ran_says_which_command_fills_it(tmp_path):
     page = speed_doc.render(marked(*speed_doc.RENDER), tmp_path)  # an empty results folder
     for name in speed_doc.RENDER:

@@ -31,7 +31,7 @@ def run(tuner: ThreadTuner, seconds_at: dict[int, float], steps: int) -> list[in
 
 
 def test_tuner_follows_the_machine():
-    tuner = ThreadTuner(most=4, every=100, skip=1)
+    tuner = ThreadTuner(most=4, every=100, skip=1, idle=None)
     quiet = {4: 0.10, 2: 0.17, 1: 0.30}
     used = run(tuner, quiet, 30)
     assert tuner.chosen == 4 and used[-10:] == [4] * 10
@@ -60,7 +60,7 @@ def test_tuned_steps_pass_through_and_restore_threads():
 def test_the_first_step_at_a_new_count_is_not_counted():
     """torch.compile compiles again at a thread count it has not run with: that step's time says nothing."""
     torch.set_num_threads(2)
-    tuner = ThreadTuner(most=2, skip=0)
+    tuner = ThreadTuner(most=2, skip=0, idle=None)
     firsts = {1: True}
     for _ in range(20):
         n = torch.get_num_threads()
@@ -101,7 +101,7 @@ def test_short_noisy_steps_are_judged_in_groups():
     def share_at_best(**sample: float) -> float:
         rng = random.Random(0)
         torch.set_num_threads(2)
-        tuner = ThreadTuner(most=2, skip=0, **sample)
+        tuner = ThreadTuner(most=2, skip=0, idle=None, **sample)
         tuner.used = {1, 2}  # nothing compiles here
         used = []
         for _ in range(20_000):
@@ -112,3 +112,48 @@ def test_short_noisy_steps_are_judged_in_groups():
 
     assert share_at_best() > 0.95  # the default grouping
     assert share_at_best(sample=0.0) < 0.9  # the same steps judged one by one: the property above is not free
+
+
+class Machine:
+    """Two cores and a clock: our steps and a neighbour's process, with the idle CPU-seconds /proc/stat would
+    count (a core is idle when neither we nor the neighbour run on it)."""
+
+    def __init__(self) -> None:
+        self.clock, self.idle, self.neighbour = 0.0, 0.0, True
+
+    def step(self, threads: int) -> float:
+        seconds = 0.2 if threads == 2 and not self.neighbour else 0.3  # one thread: as fast either way
+        busy = min(2, threads + self.neighbour)
+        self.clock += seconds
+        self.idle += (2 - busy) * seconds
+        return seconds
+
+
+def test_a_freed_core_is_found_by_its_idleness(monkeypatch):
+    """Chosen at one thread beside a busy process, the tuner cannot see the process leave in its own steps
+    (one thread is as fast either way); the cores' idle time shows it, and it moves to two threads long before
+    its periodic retrial. Without the idle reading it stays at one thread."""
+    import lumen.threads as threads
+
+    def settle(idle: bool) -> tuple[ThreadTuner, Machine, list[int]]:
+        m = Machine()
+        monkeypatch.setattr(threads.time, "monotonic", lambda: m.clock)
+        torch.set_num_threads(2)
+        tuner = ThreadTuner(most=2, every=100, skip=0, sample=0.0, idle=(lambda: m.idle) if idle else None)
+        tuner.used = {1, 2}
+        busy = {2: 0.9, 1: 0.3}  # beside the neighbour two threads wait at barriers
+        for _ in range(20):
+            tuner.record(busy[torch.get_num_threads()])
+        assert tuner.chosen == 1
+        m.neighbour = False
+        used = []
+        for _ in range(30):
+            n = torch.get_num_threads()
+            used.append(n)
+            tuner.record(m.step(n))
+        return tuner, m, used
+
+    tuner, _, used = settle(idle=True)
+    assert tuner.chosen == 2 and used[-20:] == [2] * 20
+    tuner, _, used = settle(idle=False)
+    assert tuner.chosen == 1 and used == [1] * 30

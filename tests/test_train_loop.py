@@ -221,3 +221,21 @@ def test_refuses_to_overwrite_a_run(tmp_path, data):
         train(cfg, m.replace(n_layers=2), data=data, resume=True)
     with pytest.raises(FileNotFoundError, match="neither a lumen checkpoint"):
         load(tmp_path / "checkpoints")
+
+
+def test_a_muon_run_resumes_bit_for_bit_and_keeps_its_clock(tmp_path, data):
+    """optimizer = "muon": a run resumed from its step-6 checkpoint ends with the weights of the run left alone
+    (the momentum buffers and both optimizers' state restored), and its evaluations' clock counts on."""
+    import shutil
+
+    sets = ("steps=12", "optimizer=muon", "eval_interval=3", "dtype=float32", "sample_tokens=0", "keep_last=4")
+    alone = train(*tiny(tmp_path / "alone", *sets), data=data)
+    shutil.copytree(tmp_path / "alone", tmp_path / "again")
+    for step in (9, 12):
+        shutil.rmtree(tmp_path / "again" / "checkpoints" / f"step-{step:06d}")
+    (tmp_path / "again" / "best.json").unlink()
+    again = train(*tiny(tmp_path / "again", *sets), data=data, resume=True)
+    for (k, a), (_, b) in zip(alone.model.state_dict().items(), again.model.state_dict().items()):
+        assert torch.equal(a, b), k
+    clock = [r["time"] for r in again.evals]
+    assert [r["step"] for r in again.evals] == [3, 6, 9, 12] and clock == sorted(clock) and clock[0] > 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import TypeVar
 
 import torch
@@ -55,6 +55,16 @@ def thread_choices(most: int) -> list[int]:
     return choices
 
 
+def idle_seconds() -> float | None:
+    """The CPU-seconds this machine's cores have spent idle since boot (Linux's /proc/stat; None elsewhere)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()  # "cpu  user nice system idle iowait irq softirq steal ..."
+        return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 class ThreadTuner:
     """Keeps torch's thread count at whichever count ran the recent steps fastest.
 
@@ -66,10 +76,16 @@ class ThreadTuner:
 
     Steps shorter than `sample` seconds (a decoded token takes milliseconds) are timed in groups that last
     at least that long: one short step's time is mostly the scheduler's noise on a busy machine, and a tuner
-    that reacts to noise spends its time trying counts. "Step" below means such a group."""
+    that reacts to noise spends its time trying counts. "Step" below means such a group.
+
+    One change the steps cannot show: a core freed while we run on fewer threads than cores (one thread runs
+    as fast beside one busy process as alone). So the tuner also reads how long the machine's cores sat idle
+    (`idle`: cumulative idle CPU-seconds, /proc/stat by default): most of a core idle during a step while a
+    larger count is possible starts a trial; a trial that keeps the same count doubles the wait before the
+    next such one (a machine whose idle core cannot be used is not tried every step)."""
 
     def __init__(self, most: int | None = None, every: int = 200, trial_steps: int = 3, slack: float = 1.5,
-                 skip: int = 2, sample: float = 0.2):
+                 skip: int = 2, sample: float = 0.2, idle: Callable[[], float | None] | None = idle_seconds):
         self.choices = thread_choices(most or torch.get_num_threads())
         self.every, self.trial_steps, self.slack, self.sample = every, trial_steps, slack, sample
         self.skip = skip  # the first steps compile or warm caches: not counted
@@ -82,6 +98,10 @@ class ThreadTuner:
         self.trying: list[int] = []
         self.used = {torch.get_num_threads()}
         self.fresh = False  # the next step is the first at a new count: it recompiles, not counted
+        self.idle = idle
+        self.idle_mark: tuple[float, float] | None = None  # (wall clock, idle CPU-seconds) when a group ended
+        self.idle_wait = self.idle_after = trial_steps  # steps before an idle core may start a trial
+        self.idle_trial = False  # the trial under way was started by an idle core
         if len(self.choices) > 1:
             self._start_trial()
 
@@ -109,6 +129,7 @@ class ThreadTuner:
             return
         seconds = self.group_time / self.group_steps  # the mean step of the group
         self.group_time, self.group_steps = 0.0, 0
+        idle = self._idle_cores()
         if self.trying:
             self._trial_step(seconds)
             return
@@ -119,6 +140,21 @@ class ThreadTuner:
             self.reference / self.slack <= now <= self.slack * self.reference)
         if moved or self.since >= self.every:
             self._start_trial()
+        elif self.since >= self.idle_wait and self.chosen < self.choices[0] and idle >= 0.75:
+            self.idle_trial = True
+            self._start_trial()
+
+    def _idle_now(self) -> tuple[float, float] | None:
+        idle = self.idle() if self.idle is not None else None
+        return None if idle is None else (time.monotonic(), idle)
+
+    def _idle_cores(self) -> float:
+        """How many cores sat idle, on average, since the last group ended (0 when that cannot be read)."""
+        now, mark = self._idle_now(), self.idle_mark
+        self.idle_mark = now
+        if now is None or mark is None or now[0] - mark[0] < 0.05:  # (the kernel counts in 10 ms ticks)
+            return 0.0
+        return (now[1] - mark[1]) / (now[0] - mark[0])
 
     def _start_trial(self) -> None:
         # the recent steps already measured the count in use: try the others
@@ -138,7 +174,12 @@ class ThreadTuner:
             self._set(self.trying[0])
             return
         medians = {k: statistics.median(t) for k, t in self.times.items()}
-        self.chosen = min(medians, key=medians.__getitem__)
+        before, self.chosen = self.chosen, min(medians, key=medians.__getitem__)
+        if self.idle_trial and self.chosen == before:  # the idle core did not help: wait longer next time
+            self.idle_wait = min(2 * self.idle_wait, self.every)
+        elif self.chosen != before:
+            self.idle_wait = self.idle_after
+        self.idle_trial = False
         self.reference = medians[self.chosen]
         self.recent, self.since = [], 0
         self._set(self.chosen)

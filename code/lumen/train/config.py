@@ -34,6 +34,7 @@ from ..errors import ConfigError, LumenError, MissingFileError
 from ..files import read_toml
 from ..threads import check_threads
 from ..tokenizers import Tokenizer
+from .optim import OPTIMIZERS, SCHEDULES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -60,8 +61,12 @@ class TrainConfig:
     steps: int = 2000  # optimizer steps
     batch_size: int = 32  # windows per micro-batch, per process
     grad_accum: int = 1  # micro-batches per step, over all processes (a multiple of their number)
-    lr: float = 1e-3  # peak learning rate
-    min_lr: float = 1e-4  # where the cosine ends
+    optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: train.optim)
+    lr: float = 1e-3  # peak learning rate (AdamW's)
+    muon_lr: float = 0.02  # Muon's peak rate, for optimizer = "muon"
+    schedule: str = "cosine"  # cosine | wsd (warm-up, stable, decay)
+    decay: float = 0.3  # wsd: the fraction of the steps after warm-up spent going down to min_lr
+    min_lr: float = 1e-4  # where the schedule ends
     warmup: int = 100  # steps of linear warm-up from 0
     weight_decay: float = 0.1  # AdamW's, on matrices only
     beta1: float = 0.9
@@ -89,8 +94,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for f in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "val_fraction", "temperature",
-                  "max_time"):
+        for f in ("lr", "muon_lr", "decay", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "val_fraction",
+                  "temperature", "max_time"):
             if not math.isfinite(getattr(self, f)):
                 raise ConfigError(f"{f} must be a finite number, got {getattr(self, f)}")
         positive = ("steps", "batch_size", "grad_accum", "log_interval", "eval_interval", "eval_windows", "vocab_size")
@@ -117,6 +122,18 @@ class TrainConfig:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"dtype must be auto, float32 or bfloat16; got {self.dtype!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer must be {' or '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule must be {' or '.join(SCHEDULES)}, got {self.schedule!r} (cosine: half a "
+                              f"cosine down to min_lr; wsd: a flat rate, then a straight line down)")
+        if not 0 < self.decay <= 1:
+            raise ConfigError(f"decay must be in (0, 1], the fraction of the steps spent going down; got {self.decay}")
+        if self.muon_lr <= 0:
+            raise ConfigError(f"muon_lr must be positive, got {self.muon_lr}")
+        if self.optimizer == "muon" and self.parallel == "fsdp":
+            raise ConfigError("optimizer = \"muon\" orthogonalises whole matrices, which parallel = \"fsdp\" splits "
+                              "between processes; use parallel = \"ddp\" or optimizer = \"adamw\"")
         if self.parallel not in PARALLEL:
             raise ConfigError(f"parallel must be {' or '.join(PARALLEL)}, got {self.parallel!r} (ddp: every process "
                               f"holds the whole model; fsdp: each holds a shard of it)")

@@ -111,7 +111,8 @@ class Trainer:
         self.fsdp = self.sharded and d.active  # every rank takes part in every forward pass
         if self.fsdp:
             distributed.shard(self.raw, d, self.device, self.bf16)  # before the optimizer: it steps the shards
-        self.opt = make_optimizer(self.raw, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+        self.opt = make_optimizer(self.raw, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.optimizer,
+                                  cfg.muon_lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)  # the data position: which windows come next
         torch.manual_seed(cfg.seed + 1 + d.rank)  # dropout noise differs per rank
         self.step, self.tokens, self.best = 0, 0, math.inf
@@ -131,6 +132,7 @@ class Trainer:
         self.talks = cfg.progress and d.main
         self.history: list[dict] = []
         self.saved: tuple[int, Path | None] | None = None  # the step this session last saved, and where
+        self.t0 = time.perf_counter()  # when the run's clock read 0 (run() sets it)
 
     def run(self, resume: bool) -> TrainResult:
         cfg = self.cfg
@@ -147,6 +149,9 @@ class Trainer:
         if self.talks:
             bar.write(self.banner(speed.tokens_per_step), file=sys.stderr)
         t_start, loss, val, stopped = time.perf_counter(), None, None, "done"
+        # the run's clock counts on across a resume, from the time its last evaluation recorded
+        self.t0 = t_start - max((r["time"] for r in self.history if isinstance(r.get("time"), (int, float))),
+                                default=0.0)
         tuner = ThreadTuner() if not cfg.threads and self.device.type == "cpu" else None  # threads = 0: measured
         with ctrl_c() as interrupted:
             while self.step < cfg.steps:
@@ -191,7 +196,7 @@ class Trainer:
     def train_step(self) -> tuple[float, float, float]:
         """One optimizer step over the global batch; returns (mean loss, lr, gradient norm)."""
         cfg, d = self.cfg, self.dist
-        lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps)
+        lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps, cfg.schedule, cfg.decay)
         set_lr(self.opt, lr)
         starts = self.data.random_starts("train", self.T, cfg.grad_accum * cfg.batch_size, self.gen)
         mine = starts.view(cfg.grad_accum, cfg.batch_size)[d.rank * self.micro_steps:(d.rank + 1) * self.micro_steps]
@@ -255,7 +260,9 @@ class Trainer:
         val = self.evaluate()
         if not math.isfinite(val):
             raise TrainingError(self.bad_loss_message(val, "validation loss", self.step))
-        rec: dict[str, Any] = {"step": self.step, "val_loss": val, "train_loss": train_loss, "tokens": self.tokens}
+        seconds = time.perf_counter() - self.t0
+        rec: dict[str, Any] = {"step": self.step, "val_loss": val, "train_loss": train_loss, "tokens": self.tokens,
+                               "time": round(seconds, 2)}
         if self.cfg.sample_tokens and (self.dist.main or self.fsdp):  # sharded: every rank decodes the same text
             sample = self.sample()
             if self.dist.main:
@@ -264,7 +271,8 @@ class Trainer:
         if self.talks:
             cpt = self.val_chars_per_token
             per_char = f" ({val / cpt:.4f} per character)" if cpt != 1.0 else ""
-            bar.write(f"step {self.step}: val loss {val:.4f}{per_char}, train loss {train_loss:.4f}", file=sys.stderr)
+            bar.write(f"step {self.step}: val loss {val:.4f}{per_char}, train loss {train_loss:.4f}, {seconds:.0f} s",
+                      file=sys.stderr)
             if "sample" in rec:
                 bar.write(rec["sample"].strip("\n") + "\n" + "-" * 40, file=sys.stderr)
         self.record(rec)
@@ -291,9 +299,10 @@ class Trainer:
         if self.writes or (self.sharded and self.cfg.save):  # sharded: every rank writes its shards
             meta = {"step": self.step, "val_loss": val, "tokens": self.tokens, "config": self.cfg.to_dict()}
             assert self.run_dir is not None  # saving implies cfg.save
+            # (sharded runs are AdamW's: TrainConfig refuses Muon with FSDP)
+            shards = self.opt if self.sharded and isinstance(self.opt, torch.optim.Optimizer) else None
             path = self.run_dir.save(self.step, self.raw, self.tokenizer, meta, state, val, improved,
-                                     self.cfg.keep_last, optimizer=self.opt if self.sharded else None,
-                                     main=self.dist.main)
+                                     self.cfg.keep_last, optimizer=shards, main=self.dist.main)
             if self.writes:
                 self.run_dir.plot(self.history, title=f"{self.run_dir.path.name}: {self.model_cfg.name}")
         self.saved = (self.step, path)

@@ -1,15 +1,25 @@
-"""AdamW with weight decay on matrices only, and the learning rate: linear warm-up, then cosine decay.
+"""The optimizers and the learning rate.
+
+AdamW with weight decay on matrices only; or Muon for the blocks' matrices beside AdamW for the rest. The
+rate: a linear warm-up, then a cosine down to min_lr, or warm-up, stable, decay (a flat rate, then a straight
+line down to min_lr over the last `decay` of the steps).
 
     >>> lr_at(0, lr=1e-3, min_lr=1e-4, warmup=9, steps=100)   # warm-up: the first step already moves a little
     0.0001
+    >>> lr_at(50, lr=1e-3, min_lr=1e-4, warmup=9, steps=100, schedule="wsd", decay=0.2)   # the stable part
+    0.001
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn
+
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -22,28 +32,91 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
-    """AdamW over the model's parameters; the fused kernel (one pass over all tensors) on CPU and CUDA."""
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=True)
+class MuonAdamW:
+    """Muon for the blocks' matrices, AdamW for the embeddings and the vectors.
+
+    Muon replaces a matrix's momentum by the nearest orthogonal matrix (Newton-Schulz iterations): every
+    direction the update moves in moves by the same amount, so no few directions of a small gradient drown
+    out the rest. It is made for the hidden layers' matrices; an embedding is a lookup table (a row per token,
+    not a map between spaces) and stays with AdamW. The two share one schedule: each group's rate is the
+    schedule's times its `lr_scale` (muon_lr / lr for Muon's)."""
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW):
+        self.muon, self.adamw = muon, adamw
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.muon.param_groups + self.adamw.param_groups
+
+    def step(self) -> None:
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none=set_to_none)
+        self.adamw.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != {"muon", "adamw"}:  # (the caller names the checkpoint)
+            raise KeyError("it was written by another optimizer than optimizer = \"muon\"")
+        self.muon.load_state_dict(state["muon"])
+        self.adamw.load_state_dict(state["adamw"])
 
 
-def lr_at(step: int, lr: float, min_lr: float, warmup: int, steps: int) -> float:
-    """The learning rate at optimizer step `step` (0-based): a linear ramp over `warmup` steps to lr,
-    then half a cosine from lr down to min_lr at the last step."""
+Optimizer = torch.optim.Optimizer | MuonAdamW
+
+
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
+                   kind: str = "adamw", muon_lr: float = 0.02, momentum: float = 0.95) -> Optimizer:
+    """AdamW over the model's parameters (the fused kernel: one pass over all tensors, on CPU and CUDA); or,
+    for kind = "muon", Muon at muon_lr over the 2-D weights inside the blocks and AdamW over the rest."""
+    if kind == "adamw":
+        return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=True)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    hidden = [p for n, p in named if p.dim() == 2 and n.startswith("blocks.")]
+    if not hidden:
+        raise ValueError("optimizer = \"muon\" needs a model with blocks of 2-D weights")
+    taken = {id(p) for p in hidden}
+    rest = [p for _, p in named if id(p) not in taken]
+    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
+                              lr=lr, betas=betas, fused=True)
+    # "match_rms_adamw" would reuse AdamW's rate; the original's scale (sqrt of a wide matrix's aspect) keeps
+    # muon_lr the number the Muon literature tunes
+    # weight decay: the same shrink per step as AdamW's matrices get (1 - lr x weight_decay)
+    muon = torch.optim.Muon(hidden, lr=muon_lr, weight_decay=weight_decay * lr / muon_lr, momentum=momentum,
+                            nesterov=True, adjust_lr_fn="original")
+    for group in muon.param_groups:
+        group["lr_scale"] = muon_lr / lr
+    return MuonAdamW(muon, adamw)
+
+
+def lr_at(step: int, lr: float, min_lr: float, warmup: int, steps: int, schedule: str = "cosine",
+          decay: float = 0.3) -> float:
+    """The learning rate at optimizer step `step` (0-based): a linear ramp over `warmup` steps to lr, then
+    (cosine) half a cosine from lr down to min_lr at the last step, or (wsd) lr until the last `decay`
+    fraction of the steps and a straight line from lr to min_lr over them."""
     if step < warmup:
         return lr * (step + 1) / (warmup + 1)
     if steps <= warmup + 1:
         return lr
+    if schedule == "wsd":
+        cooldown = max(1, round(decay * (steps - warmup)))  # the last `cooldown` steps go down
+        left = steps - 1 - step  # steps after this one
+        return lr if left >= cooldown else min_lr + (lr - min_lr) * left / cooldown
     progress = min(1.0, (step - warmup) / (steps - 1 - warmup))  # 0 at the end of warm-up, 1 at the end
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
-def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+def set_lr(opt: Optimizer, lr: float) -> None:
     for group in opt.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
-def clip_and_step(opt: torch.optim.Optimizer, model: nn.Module, grad_clip: float) -> float:
+def clip_and_step(opt: Optimizer, model: nn.Module, grad_clip: float) -> float:
     """Clip the gradients to a global norm of grad_clip (0: no clipping) and take the optimizer step, unless
     the norm is NaN or inf (then nothing moves). Returns the norm before clipping."""
     gnorm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf).item()

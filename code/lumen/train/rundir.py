@@ -32,6 +32,7 @@ from ..formats import checkpoint as ckpt
 from ..model import GPT
 from ..tokenizers import Tokenizer
 from .config import TrainConfig, to_toml
+from .optim import Optimizer
 from .result import TrainResult, from_summary
 
 METRICS = "metrics.jsonl"
@@ -189,13 +190,15 @@ class RunDir:
         plot_losses(history, self.path / "loss.png", title=title)
 
 
-def resume_from(path: Path, model: GPT, opt: torch.optim.Optimizer, model_cfg: ModelConfig,
+def resume_from(path: Path, model: GPT, opt: Optimizer, model_cfg: ModelConfig,
                 device: torch.device) -> dict:
     """Put a checkpoint's weights into the model being trained and its state into the optimizer; return the
     rest of the trainer state. A whole-weights checkpoint is read as every format is (checked by
     GPT.from_state); a sharded one by load_sharded, at any number of processes (every rank calls this)."""
     state = ckpt.load_trainer_state(path)
     if ckpt.is_sharded(path):
+        if not isinstance(opt, torch.optim.Optimizer):  # (TrainConfig refuses Muon with FSDP)
+            raise ConfigError(f"{path} is a sharded checkpoint of an AdamW run; resume it with optimizer = \"adamw\"")
         if ModelConfig.load(path / ckpt.CONFIG) != model_cfg:
             raise UserError(f"{path} was trained with another model config; resume with the same [model] settings")
         ckpt.load_sharded(path, model, opt, state["optimizer"].get("param_groups", []))

@@ -1,0 +1,88 @@
+"""The CPU speedrun: the default training run (`make`, `lumen train --preset shakespeare`) against the clock.
+
+The rules: the chapter's pre-LN block and its GPT-2 init; the Shakespeare split with its five held-out works;
+at most five minutes of training on the machine's cores, evaluations and compiling included; the score is
+the held-out nats per character over every token of those works, scored by bench/vs_nanogpt.py's evaluator
+(the one nanoGPT's row of docs/speed.md is scored by). Free: the optimizer, the schedule, batch and sequence
+sizes, the tokenizer, compile settings. Each row below is the row before it with one change, trained from
+scratch in its own process; the last row is the preset as it stands.
+
+    .venv/bin/python bench/speedrun.py              # every row, about five minutes each, one after another
+    .venv/bin/python bench/speedrun.py --rows 0 4   # the first and the last only
+
+The table goes to docs/speed/speedrun.json (bench/results.py), rendered into docs/speed.md by speed_doc.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from results import Record, load_average  # bench/results.py (this script's folder is on sys.path)
+from vs_nanogpt import nats_per_char
+
+GOAL, MILESTONE, BUDGET = 1.40, 1.50, 300.0  # nats/char; nats/char; seconds
+
+# (what changed, the --set overrides that turn today's preset into that row)
+WAVE2 = ["optimizer=adamw", "schedule=cosine", "steps=2400", "lr=3e-3", "min_lr=3e-4", "warmup=50"]
+ROWS: list[tuple[str, list[str]]] = [
+    ("the last wave's default: AdamW, cosine to 1/10, 2,400 steps of 16 x 128 tokens", WAVE2),
+    ("Muon for the blocks' matrices (AdamW keeps the embedding and the vectors)",
+     ["optimizer=muon", "schedule=cosine", "steps=2400", "lr=3e-3", "min_lr=3e-4", "warmup=50"]),
+    ("today's preset", []),
+]
+
+
+def train(sets: list[str], out: Path) -> dict:
+    """One row: a fresh run in its own process; its summary and its evaluations (in nats per character)."""
+    cmd = [sys.executable, "-m", "lumen", "train", "--preset", "shakespeare", "--set", f"out_dir={out}",
+           "--set", "progress=false", "--set", "sample_tokens=0", "--set", "eval_interval=100",
+           *(a for s in sets for a in ("--set", s))]
+    subprocess.run(cmd, check=True)
+    summary = json.loads((out / "summary.json").read_text())
+    cpt = summary["final_val_loss"] / summary["val_loss_per_char"]
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [{"step": r["step"], "time": r["time"], "nats_per_char": r["val_loss"] / cpt}
+             for r in evals if "val_loss" in r]
+    return {"summary": summary, "evals": evals}
+
+
+def held_out(out: Path) -> float:
+    """Every token of the held-out works through the trained model: nats per character."""
+    from lumen.formats import load
+    from lumen.train.config import load_config
+
+    model = load(str(out)).model.eval()
+    cfg, _ = load_config(str(out / "config.toml"))
+    return nats_per_char(lambda x: model(x)[0], cfg.prepare_data(), model.cfg.context)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="*", default=None, help="which rows (default: all)")
+    args = ap.parse_args()
+    chosen = range(len(ROWS)) if args.rows is None else args.rows
+    with Record("speedrun") as rec, tempfile.TemporaryDirectory() as tmp:
+        rec.update(goal=GOAL, milestone=MILESTONE, budget=BUDGET, rows=[])
+        for i in chosen:
+            what, sets = ROWS[i]
+            out = Path(tmp) / f"row{i}"
+            before = load_average()
+            run = train(sets, out)
+            s = run["summary"]
+            first = next((e for e in run["evals"] if e["nats_per_char"] <= MILESTONE), None)
+            row = {"row": i, "what": what, "sets": sets, "steps": s["steps"], "tokens": s["tokens"],
+                   "seconds": s["wall_time"], "tokens_per_s": s["tokens_per_s"], "nats_per_char": held_out(out),
+                   "run_nats_per_char": s["val_loss_per_char"], "time_to_milestone": first and first["time"],
+                   "evals": run["evals"], "load": [before, load_average()]}
+            rec["rows"].append(row)
+            print(f"row {i}: {what}: {row['nats_per_char']:.4f} nats/char held out, {row['seconds']:.0f} s, "
+                  f"{MILESTONE} at {row['time_to_milestone']} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The optimizers and the schedules of lumen.train.optim, against torch's own schedulers and what Muon and
+AdamW are defined to do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lumen import GPT, ModelConfig
+from lumen.errors import ConfigError
+from lumen.train import TrainConfig
+from lumen.train.optim import MuonAdamW, lr_at, make_optimizer, set_lr
+
+
+def small() -> GPT:
+    torch.manual_seed(0)
+    return GPT(ModelConfig.from_name("baby-gpt").replace(vocab_size=50, n_layers=2, d_model=32, n_heads=2, context=16))
+
+
+def test_wsd_matches_torch_schedulers_chained():
+    """warm-up, stable, decay = torch's LinearLR (up), ConstantLR, LinearLR (down) one after another."""
+    lr, min_lr, warmup, steps, decay = 1e-2, 1e-3, 10, 110, 0.3
+    ours = [lr_at(s, lr, min_lr, warmup, steps, "wsd", decay) for s in range(steps)]
+    cooldown = round(decay * (steps - warmup))
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    up = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1 / (warmup + 1), end_factor=1.0, total_iters=warmup)
+    flat = torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0)
+    down = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=min_lr / lr, total_iters=cooldown)
+    # SequentialLR steps the decay's scheduler from the milestone on; its end is reached at the last step
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [up, flat, down],
+                                                  milestones=[warmup, steps - 1 - cooldown])
+    theirs = []
+    for _ in range(steps):
+        theirs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert ours[:warmup] == pytest.approx([lr * (s + 1) / (warmup + 1) for s in range(warmup)])
+    assert ours[warmup:] == pytest.approx(theirs[warmup:], rel=1e-6)
+    assert ours[-1] == pytest.approx(min_lr) and ours[warmup] == ours[steps - 1 - cooldown] == lr
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+    model = small()
+    opt = make_optimizer(model, 1e-3, 0.1, (0.9, 0.95), "muon", muon_lr=0.02)
+    assert isinstance(opt, MuonAdamW)
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    muon = {by_id[id(p)] for g in opt.muon.param_groups for p in g["params"]}
+    adamw = {by_id[id(p)] for g in opt.adamw.param_groups for p in g["params"]}
+    assert muon == {n for n, p in model.named_parameters() if p.dim() == 2 and n.startswith("blocks.")}
+    assert muon.isdisjoint(adamw) and muon | adamw == set(by_id.values())
+    assert "tok_emb.weight" in adamw and "blocks.0.attn.out.weight" in muon
+    set_lr(opt, 5e-4)  # the schedule moves both, Muon's at its own scale
+    assert opt.adamw.param_groups[0]["lr"] == 5e-4 and opt.muon.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_muons_step_is_orthogonal_and_adamws_first_step_is_the_sign():
+    """Muon moves a matrix by (nearly) an orthogonal matrix times its rate: the step's singular values close
+    to 1 (five Newton-Schulz iterations land every direction holding over 1% of the gradient's norm in about
+    [0.7, 1.2]: a tinier one grows 3.4x per iteration from where it starts), whatever the gradient's spread;
+    AdamW's first step moves each entry by lr in the direction against its gradient."""
+    model = small()
+    opt = make_optimizer(model, 1e-3, 0.0, (0.9, 0.95), "muon", muon_lr=0.02)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x = torch.randint(0, 50, (4, 16))
+    _, loss = model(x, x)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    opt.step()
+    after = dict(model.named_parameters())
+    fc = "blocks.0.mlp.fc.weight"  # 128 x 32: Muon's original scale multiplies by sqrt(128 / 32)
+    step = (before[fc] - after[fc].detach()) / (0.02 * 2.0)
+    s = torch.linalg.svdvals(step)
+    g = torch.linalg.svdvals(grads[fc])
+    assert g.max() / g.min() > 5  # the gradient's directions differ in size ...
+    big = g / g.norm() > 0.01
+    assert big.sum() > 0.9 * len(g)
+    assert 0.6 < s[big].min() and s[big].max() < 1.3  # ... the step's do not
+    moved = before["tok_emb.weight"] - after["tok_emb.weight"].detach()
+    has_grad = grads["tok_emb.weight"].abs() > 1e-12
+    torch.testing.assert_close(moved[has_grad], 1e-3 * grads["tok_emb.weight"][has_grad].sign(), rtol=1e-3, atol=1e-8)
+
+
+def test_muon_state_round_trips_and_refuses_adamws():
+    model = small()
+    opt = make_optimizer(model, 1e-3, 0.1, (0.9, 0.95), "muon")
+    x = torch.randint(0, 50, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    again = make_optimizer(model, 1e-3, 0.1, (0.9, 0.95), "muon")
+    again.load_state_dict(opt.state_dict())
+    for a, b in zip(again.muon.state.values(), opt.muon.state.values()):
+        assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
+    with pytest.raises(KeyError, match="another optimizer"):
+        again.load_state_dict(make_optimizer(model, 1e-3, 0.1, (0.9, 0.95)).state_dict())
+
+
+def test_bad_optimizer_settings_are_config_errors():
+    with pytest.raises(ConfigError, match="optimizer must be adamw or muon, got 'sgd'"):
+        TrainConfig(optimizer="sgd")
+    with pytest.raises(ConfigError, match="schedule must be cosine or wsd"):
+        TrainConfig(schedule="linear")
+    with pytest.raises(ConfigError, match=r"decay must be in \(0, 1\]"):
+        TrainConfig(decay=0.0)
+    with pytest.raises(ConfigError, match="parallel = \"fsdp\" splits"):
+        TrainConfig(optimizer="muon", parallel="fsdp")
