@@ -34,6 +34,7 @@ from ..inspect import (
     path_patching,
     run_with_cache,
 )
+from ..inspect.attribution_patching import correlation
 from ..inspect.patching import Patching, PatchingSet
 from ..model import GPT
 from ..tokenizers import Batch, Tokenizer, single_token
@@ -136,13 +137,6 @@ def first(batch: Batch, n: int) -> Batch:
     """The first n prompts of a left-padded batch, padding trimmed to the longest of them."""
     width = int(batch.lengths[:n].max())
     return Batch(batch.ids[:n, -width:], batch.mask[:n, -width:], batch.side)
-
-
-def correlation(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Pearson's r over the cells both maps have (NaN-free)."""
-    a, b = a.flatten().double(), b.flatten().double()
-    keep = ~(a.isnan() | b.isnan())
-    return float(torch.corrcoef(torch.stack([a[keep], b[keep]]))[0, 1])
 
 
 def by_role(patched: PatchingSet, roles: list[dict[str, int]]) -> torch.Tensor:
