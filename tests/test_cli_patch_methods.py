@@ -148,3 +148,19 @@ def test_a_bad_method_is_one_line(run, capsys):
         main(["patch", str(run), "--clean", "It is", "--corrupt", "It it", "--method", "gradient"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--method: invalid choice: 'gradient'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_both_on_smollm2_the_estimate_ranks_heads_as_exact_patching(smollm2, smollm2_tokenizer, capsys):
+    """The IOI pair on SmolLM2: the CLI's estimate is the API's, and it tracks exact patching on the head map."""
+    tok = smollm2_tokenizer
+    clean, corrupt = ("When Mary and John went to the store, John gave a drink to",
+                      "When Mary and John went to the store, Mary gave a drink to")
+    data = json.loads(lumen(capsys, "patch", "smollm2", "--clean", clean, "--corrupt", corrupt, "--answer", " Mary",
+                            "--wrong", " John", "--kinds", "head", "--method", "both", "--json"))
+    metric = logit_diff(tok.single_token(" Mary"), tok.single_token(" John"))
+    want = attribution_patching(smollm2.eval(), tok.encode(clean), tok.encode(corrupt), metric, kinds=["head"])
+    torch.testing.assert_close(torch.tensor(data["attribution"]["maps"]["head"], dtype=torch.float64),
+                               want.maps["head"].double(), atol=1e-4, rtol=1e-4)
+    r = data["agreement"]["head"]["map"]
+    assert r == pytest.approx(pearson(data["exact"]["maps"]["head"], data["attribution"]["maps"]["head"]), abs=1e-4)
+    assert r > 0.5   # (docs/ioi.md: r = 0.90 on the mean head map of 6 IOI prompts)

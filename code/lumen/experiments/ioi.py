@@ -499,13 +499,21 @@ def abc_verdict(n: dict) -> list[str]:
     parts = [f"With all names replaced instead (ABC: {abc['example']!r}), the corrupted logit difference is "
              f"{abc['mean_logit_diff_corrupt']:+.2f} (against {n['mean_logit_diff_corrupt']:+.2f} for the S2 -> IO "
              "swap): the prompt names neither answer."]
-    at0 = ", ".join(f"{role} {resid[0][k[role]]:.0%}" for role in ("IO", "S1", "S2"))
+    io, s1, s2 = (resid[0][k[role]] for role in ("IO", "S1", "S2"))
     end = moved_at(resid, "END")
-    parts.append(f"Patching the stream entering block 0 restores {at0} (each name's own position carries its "
-                 "identity, and the three need not add up: the metric is not linear in them)"
-                 + (f"; END alone restores half or more from block {end} on ({resid[end][k['END']]:.0%} there; "
-                    f"{resid[-1][k['END']]:.0%} entering the last block)."
-                    if end is not None else "; END alone never restores half at any block's entry."))
+    why = (" (with the IO's own name back, the prompt names the IO and not S at all, so the difference passes the "
+           "clean one; S's name back at one mention makes S a name mentioned once, a candidate answer)"
+           if io > 1 and s1 < 0 and s2 < 0 else "")
+    parts.append(f"Patching the stream entering block 0 at one position restores IO {io:.0%}, S1 {s1:.0%}, S2 "
+                 f"{s2:.0%}{why}"
+                 + (f"; END alone restores half or more from block {end} on ({resid[end][k['END']]:.0%} there, "
+                    f"{resid[end - 1][k['END']]:.0%} entering block {end - 1}; {resid[-1][k['END']]:.0%} entering "
+                    "the last block)." if end is not None else "; END alone never restores half at any block's entry."))
+    if end is not None and end >= 1 and resid[end - 1][k["END"]] < 0.1:
+        parts.append(f"So block {end - 1} alone moves the names themselves to the last position, while the S2 -> IO "
+                     f"swap shows what decides between them moving there over blocks "
+                     f"{next((i for i, row in enumerate(p['resid_pre_roles']) if row[2] < 0.9), '?')}-"
+                     f"{(moved_at(p['resid_pre_roles'], 'END') or 1) - 1}.")
     top, s2_top = abc["top"], {(i, h) for i, h, _ in p["top"]}
     shared = [f"{i}.{h}" for i, h, _ in top[:3] if (i, h) in s2_top]
     parts.append(f"The heads whose output restores most are {fractions(top[:3])}"
