@@ -154,6 +154,19 @@ def test_patch_prompts_are_each_pair_alone(run, capsys, tmp_path):
     assert [p["line"] for p in data["pairs"]] == [1, 2, 3]
 
 
+@pytest.mark.parametrize("command, files", [("lens", ("lens.json", "kl.png", "answer.png")),
+                                           ("attribute", ("attribution.json", "attribution.png"))])
+def test_out_with_prompts_writes_what_json_prints_and_the_mean_figures(run, capsys, tmp_path, command, files):
+    f = jsonl(tmp_path / "p.jsonl", [{"prompt": p, "answer": a, "wrong": w} for p, a, w in PROMPTS])
+    data = json.loads(lumen(capsys, command, run, "--prompts", f, "--json"))
+    text = lumen(capsys, command, run, "--prompts", f, "--out", tmp_path / "out")
+    assert json.loads((tmp_path / "out" / files[0]).read_text()) == data and len(data["prompts"]) == len(PROMPTS)
+    for png in files[1:]:
+        written = (tmp_path / "out" / png).read_bytes()
+        assert written[:4] == b"\x89PNG" and len(written) > 5000
+    assert f"wrote {tmp_path / 'out'}/{files[0]} (every prompt and the mean)" in text
+
+
 @pytest.mark.parametrize("command, content, message", [
     ("lens", "", "p.txt is empty: give one prompt per line"),
     ("lens", "It is\n\nthe east\n", "p.txt, line 2: a blank line"),
@@ -185,7 +198,6 @@ def test_a_bad_prompt_file_is_one_line_naming_it(run, capsys, tmp_path, command,
 
 @pytest.mark.parametrize("argv, message", [
     (["attribute", "--position", "0"], "--position reads one prompt"),
-    (["lens", "--out", "{tmp}/out"], "--out reads one prompt"),
     (["patch", "--clean", "It is"], "--clean reads one prompt"),
     (["lens", "--batch-size", "0"], "--batch-size must be at least 1"),
 ])

@@ -47,6 +47,13 @@ def test_the_dataset_pairs_both_orders_and_swaps_only_the_second_mention():
         assert p.clean.count(p.s) == 2 and p.clean.count(p.io) == 1   # IO once, S twice
         first, second = sorted((p.io, p.s), key=p.clean.index)
         assert (first, second) == ((p.io, p.s) if p.order == "ABB" else (p.s, p.io))
+        # ABC: every mention of IO and of S replaced by two other names, nothing else changed
+        assert len({p.io, p.s, p.c, p.d}) == 4 and p.io not in p.abc and p.s not in p.abc
+        assert p.abc == p.clean.replace(p.io, "\0").replace(p.s, p.d).replace("\0", p.c)
+        assert p.abc.count(p.d) == 2 and p.abc.count(p.c) == 1 and p.corrupted("ABC") == p.abc
+    assert [(p.io, p.s) for p in prompts] == [(p.io, p.s) for p in ioi.dataset(8, seed=0)]
+    with pytest.raises(ValueError, match="unknown corruption 'XYZ'"):
+        prompts[0].corrupted("XYZ")
 
 
 def test_the_names_are_single_tokens_and_the_roles_point_at_them():
@@ -109,6 +116,37 @@ def test_patching_maps_match_patching_by_hand(tiny):
     assert -1 <= p["correlation"]["head_mean"] <= 1 and not math.isnan(p["correlation"]["head_cells"])
 
 
+def test_all_names_replaced_is_patched_as_by_hand(tiny):
+    model, tok, n = tiny
+    abc = n["abc"]
+    k = abc["pairs"]
+    prompts = ioi.dataset(SMALL["prompts"], 0)
+    data = ioi.tokenize(tok, prompts, "ABC")
+    for b, p in enumerate(prompts):   # the corrupted logit difference, each prompt alone
+        with torch.no_grad():
+            z = model(torch.tensor([tok.encode(p.abc)]))[0][0, -1].double()
+        assert abc["logit_diff_corrupt"][b] == pytest.approx(float(z[data.io[b]] - z[data.s[b]]), abs=1e-5)
+        r = data.roles[b]
+        row = data.corrupt.row(b)
+        assert row[r["IO"]] == tok.encode(" " + p.c)[0] and row[r["S1"]] == row[r["S2"]] == tok.encode(" " + p.d)[0]
+    resid = torch.tensor(abc["resid_pre_roles"])
+    assert resid[0, 3] == 0.0 and resid[0, :3].abs().sum() > 0.01   # END's token is the same; the names' are not
+    clean_m, corrupt_m = n["logit_diff"][:k], abc["logit_diff_corrupt"][:k]
+    for b in range(k):   # entering block 0 the streams differ only at the three names: all three patched is clean
+        r = data.roles[b]
+        sites = [Site("resid_pre", 0, r[role]) for role in ("IO", "S1", "S2")]
+        metric = logit_diff(data.io[b], data.s[b])
+        assert patch(model, data.clean.row(b), data.corrupt.row(b), sites, metric) == pytest.approx(1.0, abs=1e-5)
+    layer, head = 1, 2   # one head's output, by the definition, averaged as the page averages
+    fracs = [patch(model, data.clean.row(b), data.corrupt.row(b), [Site("head", layer, None, head)],
+                   logit_diff(data.io[b], data.s[b])) for b in range(k)]
+    values = [c + f * (c0 - c) for f, c0, c in zip(fracs, clean_m, corrupt_m)]
+    mean = (sum(values) / k - sum(corrupt_m) / k) / (sum(clean_m) / k - sum(corrupt_m) / k)
+    assert abc["head"][layer][head] == pytest.approx(mean, abs=1e-4)
+    r = ioi.result(n)
+    assert f"{abc['mean_logit_diff_corrupt']:+.2f}" in r.verdict and "all names replaced" in r.verdict
+
+
 def test_path_patching_has_senders_only_below_its_receivers(tiny):
     _, _, n = tiny
     path = n["path"]
@@ -132,10 +170,11 @@ def test_the_page_states_the_numbers_and_shows_the_code(tiny, tmp_path):
 
 def test_smollm2_knows_every_name_and_the_attribution_sums(smollm2, smollm2_tokenizer):
     tok = smollm2_tokenizer
-    everything = [ioi.Prompt(t, io, s, order) for t in range(len(ioi.TEMPLATES))
-                  for io, s in zip(ioi.NAMES, ioi.NAMES[1:] + ioi.NAMES[:1]) for order in ("ABB", "BAB")]
+    everything = [ioi.Prompt(t, io, s, order, c, d) for t in range(len(ioi.TEMPLATES))
+                  for io, s, c, d in zip(*(ioi.NAMES[k:] + ioi.NAMES[:k] for k in range(4)))
+                  for order in ("ABB", "BAB")]
     data = ioi.tokenize(tok, everything)              # every name one token, every pair one length
-    assert len(data.roles) == len(everything)
+    assert len(data.roles) == len(everything) == len(ioi.tokenize(tok, everything, "ABC").roles)
     n = ioi.study(smollm2, tok, ioi.SIZES[True])
     assert n["attribution"]["sum_error"] < 1e-4 and n["attribution"]["head_sum_error"] < 1e-4
     with torch.no_grad():

@@ -4,7 +4,8 @@
 Prints the logit, each block's attention and MLP contribution, and the largest single components (heads
 included); --out writes attribution.json and attribution.png. With --prompts, every prompt of the file is
 split at its last token (its answer from the file, the command line, or its own prediction), one line each,
-then the mean of every component over the file, which adds up to the mean logit (lumen.cli.prompts).
+then the mean of every component over the file, which adds up to the mean logit (lumen.cli.prompts); --out
+then writes every prompt's split and the mean (attribution.json, what --json prints) and the mean's figure.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                        help="split logit[A] - logit[B], e.g. ' Paris' ' Rome'")
     p.add_argument("--position", type=int, default=None, help="the position to print (default -1, the last)")
     p.add_argument("--top", type=int, default=10, help="how many of the largest components to list (default 10)")
-    add_out_argument(p, "write attribution.json and attribution.png here")
+    add_out_argument(p, "write attribution.json and attribution.png here (with --prompts: every prompt's and the "
+                     "mean's JSON, the mean's figure)")
     p.add_argument("--json", action="store_true", help="print JSON (every position) instead of the table")
     return p
 
@@ -55,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
     at_least(args, "top")
     if args.prompts:
         refuse_with_prompts("--position", args.position is not None)
-        refuse_with_prompts("--out", args.out is not None)
     position = -1 if args.position is None else args.position
     if args.out is not None:
         output_dir(args.out)
@@ -137,9 +138,16 @@ def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt]) -> 
     answered = prompts[0].answer is not None
     what = ("logit[answer] - logit[wrong]" if prompts[0].wrong is not None else "logit[answer]") if answered \
         else "logit[the model's own top-1]"
+    data = {"file": str(args.prompts), "what": what, "prompts": rows, "mean": _summary(mean, 0)}
+    if args.out:
+        from ..files import write_text
+        from ..report.figures import attribution_plot
+
+        out = Path(args.out)
+        write_text(out / "attribution.json", json.dumps(data, ensure_ascii=False))
+        attribution_plot(mean, out / "attribution.png", 0, title=f"{model.cfg.name}: {what}, mean over {n} prompts")
     if args.json:
-        print(json.dumps({"file": str(args.prompts), "what": what, "prompts": rows,
-                          "mean": _summary(mean, 0)}, ensure_ascii=False))
+        print(json.dumps(data, ensure_ascii=False))
         return 0
     print(f"direct logit attribution on {n} prompts of {args.prompts}, at each prompt's last token")
     for r in rows:
@@ -148,6 +156,8 @@ def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt]) -> 
     print(f"\nmean over the {n} prompts: {what} = {float(mean.logit[0]):.4f}; the mean components sum to "
           f"{float(mean.values[:, 0].sum()):.4f}")
     print_components(mean, 0, args.top)
+    if args.out:
+        print(f"wrote {args.out}/attribution.json (every prompt and the mean), attribution.png (the mean)")
     return 0
 
 

@@ -18,7 +18,7 @@ import torch
 
 from .. import names
 from .models import add_model_argument, add_out_argument, at_least, load_with_tokenizer, output_dir
-from .prompts import Prompt, add_prompts_arguments, batches, padded, read_prompts, refuse_with_prompts, with_answers
+from .prompts import Prompt, add_prompts_arguments, batches, padded, read_prompts, with_answers
 
 TABLE_POSITIONS = 6
 LENS_FILE = "tuned-lens.safetensors"   # the file name in a folder written by `lumen tuned-lens train --out`
@@ -39,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--top-tokens", dest="top_tokens", type=int, default=5,
                    help="most likely next tokens kept per cell (in the JSON and the HTML page)")
     p.add_argument("--top-k", dest="top_tokens", type=int, help=argparse.SUPPRESS)  # (old name; --top-k samples)
-    add_out_argument(p, "write lens.png, kl.png, lens.html and lens.json into this folder")
+    add_out_argument(p, "write lens.png, kl.png, lens.html and lens.json into this folder (with --prompts: lens.json, "
+                     "the mean curves kl.png and, with answers, answer.png)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     return p
 
@@ -53,8 +54,6 @@ def run(args: argparse.Namespace) -> int:
     at_least(args, "top_tokens")
     if args.wrong is not None and args.answer is None:
         raise UserError("--wrong needs --answer: the lens reads logit[answer] - logit[wrong]")
-    if args.prompts:
-        refuse_with_prompts("--out", args.out is not None)
     out = output_dir(args.out) if args.out else None
     model, tok = load_with_tokenizer(args.model)
     answer = tok.single_token(args.answer, "--answer") if args.answer is not None else None
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     main_name = "tuned lens" if args.tuned else "logit lens"
     if args.prompts:
         prompts = with_answers(read_prompts(args.prompts, tok, model.cfg.context), answer, wrong, args.prompts)
-        return run_prompts(args, model, tok, prompts, lenses[main_name], main_name)
+        return run_prompts(args, model, tok, prompts, lenses[main_name], main_name, out)
     ids = tok.encode(args.prompt)
     if not ids:
         raise UserError("--prompt is empty: give some text")
@@ -121,8 +120,10 @@ def reading_name(tok, answer: int | None, wrong: int | None) -> str:
     return f"logit[{tok.decode([answer])!r}] - logit[{tok.decode([wrong])!r}]"
 
 
-def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt], lens, name: str) -> int:
-    """The lens on every prompt of a file, batch by batch: each prompt at its last token, then the mean per layer."""
+def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt], lens, name: str,
+                out: Path | None = None) -> int:
+    """The lens on every prompt of a file, batch by batch: each prompt at its last token, then the mean per layer;
+    out: write lens.json (what --json prints) and the mean curves (kl.png; answer.png with answers)."""
     from ..inspect.lens import LensResult, logit_lens
 
     found: list[LensResult] = []
@@ -151,9 +152,11 @@ def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt], len
     if answered:
         mean["values"] = _rounded(torch.stack(values).double().mean(0))
     what = ("logit[answer] - logit[wrong]" if prompts[0].wrong is not None else "logit[answer]") if answered else None
+    data = {"lens": name, "file": str(args.prompts), "what": what, "prompts": rows, "mean": mean}
+    if out:
+        write_prompt_outputs(out, data, name, len(found))
     if args.json:
-        print(json.dumps({"lens": name, "file": str(args.prompts), "what": what, "prompts": rows, "mean": mean},
-                         ensure_ascii=False))
+        print(json.dumps(data, ensure_ascii=False))
         return 0
     n, L = len(found), kl.size(1)
     print(f"{name} on {n} prompts of {args.prompts}, read at each prompt's last token")
@@ -172,7 +175,23 @@ def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt], len
         tail = f"  {float(mean_values[layer]):+.4f}" if mean_values is not None else ""
         print(f"{names.stream(layer):>9}  {float(kl[:, layer].double().mean()):>9.3f}  "
               f"{float(agree[:, layer].mean()):>13.2f}{tail}")
+    if out:
+        print(f"wrote {args.out}/lens.json (every prompt and the mean), kl.png" + (", answer.png" if answered else ""))
     return 0
+
+
+def write_prompt_outputs(out: Path, data: dict, name: str, n: int) -> None:
+    """A file of prompts' lens: the JSON, and the mean per layer as curves."""
+    from ..files import write_text
+    from ..report.figures import layer_curves
+
+    write_text(out / "lens.json", json.dumps(data, ensure_ascii=False))
+    mean = data["mean"]
+    layer_curves({name: mean["kl"]}, out / "kl.png", title=f"KL to the final output at the last token, mean over "
+                 f"{n} prompts", log=True)
+    if "values" in mean:
+        layer_curves({name: mean["values"]}, out / "answer.png", ylabel=data["what"],
+                     title=f"{data['what']} at the last token, mean over {n} prompts")
 
 
 def _rounded(x: torch.Tensor) -> list[float]:

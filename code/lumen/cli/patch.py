@@ -1,15 +1,20 @@
 """`lumen patch MODEL (--clean P --corrupt Q | --prompts FILE) [--metric logit-diff|logprob]
-[--answer TOK --wrong TOK]`: activation patching (lumen.inspect.patching). Copy each site of the clean run
-into the corrupted one and print how much of the clean metric comes back (0..1), per block and position;
---out writes patching.json and patching.png. With --prompts, a JSON-lines file of pairs: each pair's metric
-and its most restoring sites, then the maps of the whole dataset (the mean patched metric against the mean
-clean and corrupt ones, positions counted from each pair's last token; lumen.inspect.patching.PatchingSet).
+[--answer TOK --wrong TOK] [--method exact|attribution|both]`: activation patching (lumen.inspect.patching).
+Copy each site of the clean run into the corrupted one and print how much of the clean metric comes back
+(0..1), per block and position; --out writes patching.json and patching.png. With --prompts, a JSON-lines file
+of pairs: each pair's metric and its most restoring sites, then the maps of the whole dataset (the mean patched
+metric against the mean clean and corrupt ones, positions counted from each pair's last token;
+lumen.inspect.patching.PatchingSet); --out then writes every pair's maps and the mean ones, and the mean maps'
+PNG. --method attribution estimates every map from one forward and one backward pass
+(lumen.inspect.attribution_patching); both prints the two side by side with Pearson's r per site kind: how far
+the cheap estimate can be trusted on these prompts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from . import UserError
@@ -18,6 +23,10 @@ from .prompts import Prompt, add_prompts_arguments, batches, padded, read_prompt
 
 METRICS = ("logit-diff", "logprob")
 KINDS = ("resid_pre", "attn_out", "mlp_out", "head")
+METHODS = {"exact": ("exact",), "attribution": ("attribution",), "both": ("exact", "attribution")}
+LABELS = {"exact": "exact", "attribution": "attribution estimate"}
+PLOTS = {"exact": "patching.png", "attribution": "patching-attribution.png"}
+WHAT = {"map": "the map's cells", "mean": "the mean map", "cells": "every pair's cells"}
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -31,7 +40,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--answer", metavar="TOK", help="the clean answer (default: the clean prompt's prediction)")
     p.add_argument("--wrong", metavar="TOK", help="the corrupt answer (default: the corrupt prompt's prediction)")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="which sites to patch (default all)")
-    add_out_argument(p, "write patching.json and patching.png here")
+    p.add_argument("--method", choices=METHODS, default="exact",
+                   help="exact: one patched run per cell (default); attribution: every cell estimated from one "
+                   "forward and one backward pass (gradient x activation difference); both: the two side by side, "
+                   "with their correlation per site kind")
+    add_out_argument(p, "write patching.json and patching.png (the estimate's: patching-attribution.png) here; "
+                     "with --prompts, every pair's maps and the mean ones, and the mean maps' PNG")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     return p
 
@@ -51,12 +65,11 @@ def answers(model, tok, clean: list[int], corrupt: list[int], answer: str | None
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect.patching import logit_diff, logprob, patching_maps
+    from ..inspect.patching import logit_diff, logprob
 
     if args.prompts:
         refuse_with_prompts("--clean", args.clean is not None)
         refuse_with_prompts("--corrupt", args.corrupt is not None)
-        refuse_with_prompts("--out", args.out is not None)
     elif args.clean is None or args.corrupt is None:
         raise UserError("give --clean and --corrupt (a pair of prompts), or --prompts FILE (a dataset of pairs)")
     if args.out is not None:
@@ -71,24 +84,55 @@ def run(args: argparse.Namespace) -> int:
     a, b = answers(model.eval(), tok, clean, corrupt, args.answer, args.wrong)
     metric = logit_diff(a, b) if args.metric == "logit-diff" else logprob(a)
     name = metric_name(tok, args.metric, a, b)
-    r = patching_maps(model, clean, corrupt, metric, kinds=args.kinds, tokenizer=tok, metric_name=name)
-    data = r.to_dict()
+    found = {m: patched(m, model, clean, corrupt, metric, args.kinds, tok, name) for m in METHODS[args.method]}
+    data = report(found, lambda r: r.to_dict())
     if args.out:
-        from ..files import write_text
-        from ..report.figures import patching_plot
-
-        out = Path(args.out)
-        write_text(out / "patching.json", json.dumps(data, ensure_ascii=False))
-        patching_plot(r, out / "patching.png", title=f"{model.cfg.name}: restoring {name}")
+        write_out(Path(args.out), data, found, f"{model.cfg.name}: restoring {name}")
     if args.json:
         print(json.dumps(data, ensure_ascii=False))
         return 0
-    print(f"{name}: clean {r.clean_metric:.4f}, corrupt {r.corrupt_metric:.4f}; "
+    first = next(iter(found.values()))
+    print(f"{name}: clean {first.clean_metric:.4f}, corrupt {first.corrupt_metric:.4f}; "
           "each cell: the fraction of the difference a patch restores")
-    print_maps(r.maps, r.clean_tokens)
+    print_methods({m: r.maps for m, r in found.items()}, first.clean_tokens, data.get("agreement"))
     if args.out:
-        print(f"\nwrote {args.out}/patching.json, patching.png")
+        print(f"\nwrote {args.out}/{', '.join(written(found))}")
     return 0
+
+
+def patched(method: str, model, clean, corrupt, metric, kinds, tok, name: str = "logit difference"):
+    """Exact patching (one patched run per cell) or attribution patching (its first-order estimate) of a pair,
+    or of two Batches of pairs: the same arguments, the same maps."""
+    from ..inspect.attribution_patching import attribution_patching
+    from ..inspect.patching import patching_maps
+
+    run = patching_maps if method == "exact" else attribution_patching
+    return run(model, clean, corrupt, metric, kinds=kinds, tokenizer=tok, metric_name=name)
+
+
+def report(found: dict, to_dict) -> dict:
+    """The JSON of one method's result; of both, each one's beside their agreement per site kind (Pearson's r)."""
+    from ..inspect.attribution_patching import agreement
+
+    if len(found) == 1:
+        return to_dict(next(iter(found.values())))
+    return {"exact": to_dict(found["exact"]), "attribution": to_dict(found["attribution"]),
+            "agreement": {k: {w: _finite(r) for w, r in v.items()}
+                          for k, v in agreement(found["exact"], found["attribution"]).items()}}
+
+
+def written(found: dict) -> list[str]:
+    return ["patching.json"] + [PLOTS[m] for m in found]
+
+
+def write_out(out: Path, data: dict, found: dict, title: str) -> None:
+    """patching.json (what --json prints) and each method's maps as a PNG (a dataset's: the mean maps)."""
+    from ..files import write_text
+    from ..report.figures import patching_plot
+
+    write_text(out / "patching.json", json.dumps(data, ensure_ascii=False))
+    for m, r in found.items():
+        patching_plot(r, out / PLOTS[m], title=title + ("" if m == "exact" else " (attribution patching estimate)"))
 
 
 def metric_name(tok, metric: str, a: int, b: int | None) -> str:
@@ -97,11 +141,21 @@ def metric_name(tok, metric: str, a: int, b: int | None) -> str:
     return f"log p({tok.decode([a])!r})"
 
 
-def print_maps(maps: dict, columns: list[str]) -> None:
+def print_methods(maps: dict[str, dict], columns: list[str], agree: dict | None) -> None:
+    """Each kind's map per method (exact, the attribution estimate, or both one after the other with their r)."""
+    for kind in next(iter(maps.values())):
+        for method, m in maps.items():
+            print_maps({kind: m[kind]}, columns, f" ({LABELS[method]})" if len(maps) > 1 or method != "exact" else "")
+        if agree is not None:
+            r = ", ".join(f"{_r(v)} ({WHAT[w]})" for w, v in agree[kind].items())
+            print(f"{kind}: the estimate against exact patching, Pearson's r = {r}")
+
+
+def print_maps(maps: dict, columns: list[str], label: str = "") -> None:
     """Each kind's map as a table: a row per block, a column per position (or per head)."""
     for kind, m in maps.items():
         cols = [f"h{h}" for h in range(m.size(1))] if kind == "head" else columns[-m.size(-1):]
-        print(f"\n{kind}:")
+        print(f"\n{kind}{label}:")
         print(f"{'block':>6} " + "".join(f"{_clip(c):>9}" for c in cols))
         for i in range(m.size(0)):
             print(f"{i:>6} " + "".join(f"{float(v):>9.2f}" for v in m[i]))
@@ -109,53 +163,73 @@ def print_maps(maps: dict, columns: list[str]) -> None:
 
 def run_prompts(args: argparse.Namespace, model, tok) -> int:
     """Patching on every pair of a file, batch by batch: each pair's metric and its best sites, then the mean maps."""
-    from ..inspect.patching import PatchingSet, logit_diff, logprob, patching_maps
+    from ..inspect.patching import Patching, PatchingSet, logit_diff, logprob
     from ..tokenizers import single_token
 
     prompts = read_prompts(args.prompts, tok, model.cfg.context, pairs=True)
     answer = single_token(tok, args.answer, "--answer") if args.answer else None
     wrong = single_token(tok, args.wrong, "--wrong") if args.wrong else None
     prompts = with_answers(prompts, answer, wrong, args.prompts)
-    found = []
+    found: dict[str, list[Patching]] = {m: [] for m in METHODS[args.method]}
     for group in batches(prompts, args.batch_size, model.cfg.vocab_size):
         pairs = [_answers(args, model, tok, p, own) for p, own in zip(group, _predictions(model, group))]
         metrics = [logit_diff(a, b) if args.metric == "logit-diff" else logprob(a) for a, b in pairs]
-        try:
-            result = patching_maps(model, padded(group).to(model.device), padded(group, corrupt=True).to(model.device),
-                                   metrics, kinds=args.kinds, tokenizer=tok)
-        except UserError as e:
-            lines = ", ".join(str(p.line) for p in group)
-            raise UserError(f"{args.prompts}, the pairs of lines {lines}: {e}") from None
-        for r, (a, b) in zip(result.pairs, pairs):
-            r.metric_name = metric_name(tok, args.metric, a, b)
-        found += result.pairs
-    dataset = PatchingSet(found)
+        for method, kept in found.items():
+            try:
+                result = patched(method, model, padded(group).to(model.device),
+                                 padded(group, corrupt=True).to(model.device), metrics, args.kinds, tok)
+            except UserError as e:
+                lines = ", ".join(str(p.line) for p in group)
+                raise UserError(f"{args.prompts}, the pairs of lines {lines}: {e}") from None
+            for r, (a, b) in zip(result.pairs, pairs):
+                r.metric_name = metric_name(tok, args.metric, a, b)
+            kept += result.pairs
+    sets = {m: PatchingSet(pairs) for m, pairs in found.items()}
     name = "logit[answer] - logit[wrong]" if args.metric == "logit-diff" else "log p(answer)"
-    if args.json:
+
+    def to_dict(dataset: PatchingSet) -> dict:
         data = dataset.to_dict()
         data["metric"] = name
         data["file"] = str(args.prompts)
         for d, p in zip(data["pairs"], prompts):
             d["line"] = p.line
+        return data
+
+    data = report(sets, to_dict)
+    first = next(iter(sets.values())).pairs
+    T = min(len(p.ids) for p in prompts)
+    columns = [str(t) for t in range(-T, 0)]
+    if args.out:
+        means = {m: Patching(columns, [], sum(r.clean_metric for r in s.pairs) / len(s.pairs),
+                             sum(r.corrupt_metric for r in s.pairs) / len(s.pairs),
+                             {kind: s.mean(kind) for kind in first[0].maps}, name, first[0].layers, m)
+                 for m, s in sets.items()}
+        write_out(Path(args.out), data, means, f"{model.cfg.name}: restoring {name}, mean over {len(first)} pairs")
+    if args.json:
         print(json.dumps(data, ensure_ascii=False))
         return 0
-    print(f"activation patching on {len(found)} pairs of {args.prompts}: the fraction of clean - corrupt each site "
-          "restores")
-    for p, r in zip(prompts, found):
-        best = []
-        for kind, m in r.maps.items():
-            at = int(m.flatten().argmax())
-            cell = (f"block {at // m.size(1)} head {at % m.size(1)}" if kind == "head" else
-                    f"block {at // m.size(1)} at {_clip(r.clean_tokens[at % m.size(1)])!r}")
-            best.append(f"{kind} {cell} {float(m.flatten()[at]):.2f}")
-        print(f"line {p.line:>4}: {r.metric_name}: clean {r.clean_metric:.4f}, corrupt {r.corrupt_metric:.4f}; "
-              f"most restored: {'; '.join(best)}")
-    clean = sum(r.clean_metric for r in found) / len(found)
-    corrupt = sum(r.corrupt_metric for r in found) / len(found)
-    print(f"\nmean over the {len(found)} pairs ({name}): clean {clean:.4f}, corrupt {corrupt:.4f}; each cell: "
+    what = {"exact": "activation patching", "attribution": "attribution patching (the first-order estimate)",
+            "both": "activation patching, exact and attribution patching's estimate side by side,"}[args.method]
+    print(f"{what} on {len(first)} pairs of {args.prompts}: the fraction of clean - corrupt each site restores")
+    for method, dataset in sets.items():
+        for p, r in zip(prompts, dataset.pairs):
+            best = []
+            for kind, m in r.maps.items():
+                at = int(m.flatten().argmax())
+                cell = (f"block {at // m.size(1)} head {at % m.size(1)}" if kind == "head" else
+                        f"block {at // m.size(1)} at {_clip(r.clean_tokens[at % m.size(1)])!r}")
+                best.append(f"{kind} {cell} {float(m.flatten()[at]):.2f}")
+            tag = f" ({LABELS[method]})" if len(sets) > 1 else ""
+            print(f"line {p.line:>4}{tag}: {r.metric_name}: clean {r.clean_metric:.4f}, corrupt "
+                  f"{r.corrupt_metric:.4f}; most restored: {'; '.join(best)}")
+    clean = sum(r.clean_metric for r in first) / len(first)
+    corrupt = sum(r.corrupt_metric for r in first) / len(first)
+    print(f"\nmean over the {len(first)} pairs ({name}): clean {clean:.4f}, corrupt {corrupt:.4f}; each cell: "
           "(mean patched - mean corrupt) / (mean clean - mean corrupt); positions counted from each pair's end")
-    T = min(len(p.ids) for p in prompts)
-    print_maps({kind: dataset.mean(kind) for kind in found[0].maps}, [str(t) for t in range(-T, 0)])
+    print_methods({m: {kind: s.mean(kind) for kind in first[0].maps} for m, s in sets.items()}, columns,
+                  data.get("agreement"))
+    if args.out:
+        print(f"\nwrote {args.out}/{', '.join(written(sets))}")
     return 0
 
 
@@ -180,6 +254,15 @@ def _answers(args: argparse.Namespace, model, tok, p: Prompt, own: tuple[int, in
         raise UserError(f"{args.prompts}, line {p.line}: the answer and the wrong token are both {tok.decode([a])!r}: "
                         "give \"answer\" and \"wrong\" in the file")
     return a, b
+
+
+def _finite(r: float) -> float | None:
+    """r for JSON: None where it is undefined (a map that is constant, e.g. all 0)."""
+    return None if math.isnan(r) else round(r, 6)
+
+
+def _r(r: float | None) -> str:
+    return "undefined (a constant map)" if r is None else f"{r:.3f}"
 
 
 def _clip(text: str, n: int = 8) -> str:

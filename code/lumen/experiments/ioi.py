@@ -1,15 +1,19 @@
 """Experiment `ioi`: indirect-object identification on SmolLM2, the worked analysis of a dataset of prompts.
 
 "When Mary and John went to the store, John gave a drink to" -> " Mary" over " John" (Wang et al. 2022). The
-name to say is the indirect object (IO), the one mentioned once; the subject (S) is mentioned twice. Each
-corrupted prompt swaps the second mention of S for the IO ("..., Mary gave a drink to"), so that the other name
-becomes the answer and the logit difference logit[IO] - logit[S] flips sign. On padded batches of such prompts:
+name to say is the indirect object (IO), the one mentioned once; the subject (S) is mentioned twice. Two
+corruptions: "S2": the second mention of S swapped for the IO ("..., Mary gave a drink to"), so that the other
+name becomes the answer and the logit difference logit[IO] - logit[S] flips sign; "ABC": both names replaced
+everywhere by a third and a fourth ("When Tom and Anna went to the store, Anna gave a drink to"), so that the
+prompt has the same structure but neither name, and the logit difference goes to about 0. On padded batches:
 
 1. the logit difference per prompt and its mean;
 2. direct logit attribution (lumen.inspect.attribute): which blocks and heads write IO over S at the last position;
 3. activation patching (patching_maps): the stream entering each block at the prompt's named positions, and each
    head's output; attribution patching (one forward and one backward pass) beside it, and their correlation;
-4. path patching: which heads feed the queries of the heads that write the answer.
+4. path patching: which heads feed the queries of the heads that write the answer;
+5. exact and attribution patching again against the ABC corruption: what carries the names themselves, not
+   only which of them is repeated.
 
 `study(model, tokenizer, size)` runs it on any lumen model whose tokenizer has the names as single tokens (the
 fast test uses a tiny one); `run` is the experiment on SmolLM2.
@@ -34,6 +38,7 @@ from ..inspect import (
     path_patching,
     run_with_cache,
 )
+from ..inspect.attribution_patching import correlation
 from ..inspect.patching import Patching, PatchingSet
 from ..model import GPT
 from ..tokenizers import Batch, Tokenizer, single_token
@@ -59,6 +64,7 @@ TEMPLATES = (
 NAMES = ("Mary", "John", "Tom", "James", "Sarah", "Paul", "Mark", "Anna", "Kate", "Lisa", "Mike", "Emma", "David",
          "Alice", "Peter", "Laura", "Chris", "Jane", "Adam", "Susan")
 ROLES = ("IO", "S1", "S2", "END")   # the indirect object, the subject's two mentions, the last token
+CORRUPTIONS = {"S2": "S2 -> IO", "ABC": "all names replaced"}
 
 
 class Size(TypedDict):
@@ -73,15 +79,19 @@ SIZES = {False: Size(prompts=32, exact=6, path=3, receivers=3), True: Size(promp
 
 @dataclass(frozen=True)
 class Prompt:
-    """One IOI prompt and its corruption: the answer is " " + io over " " + s (the corrupt prompt's: s over io)."""
+    """One IOI prompt and its corruptions: the answer is " " + io over " " + s (S2's corrupt prompt: s over io);
+    c and d: the names that replace io and s in the ABC corruption."""
 
     template: int
     io: str
     s: str
     order: str   # "ABB" (the IO introduced first) or "BAB"
+    c: str
+    d: str
 
-    def text(self, second: str) -> str:
-        a, b = (self.io, self.s) if self.order == "ABB" else (self.s, self.io)
+    def text(self, second: str, io: str | None = None, s: str | None = None) -> str:
+        io, s = io or self.io, s or self.s
+        a, b = (io, s) if self.order == "ABB" else (s, io)
         return TEMPLATES[self.template].format(A=a, B=b, S=second)
 
     @property
@@ -93,15 +103,28 @@ class Prompt:
         """The second mention of S swapped for the IO: now the other name is the one mentioned once."""
         return self.text(self.io)
 
+    @property
+    def abc(self) -> str:
+        """Both names replaced everywhere (IO by c, S by d): the same structure, neither name."""
+        return self.text(self.d, self.c, self.d)
+
+    def corrupted(self, corruption: str) -> str:
+        """The prompt corrupted by one of CORRUPTIONS."""
+        if corruption not in CORRUPTIONS:
+            raise ValueError(f"unknown corruption {corruption!r}; the corruptions are {', '.join(CORRUPTIONS)}")
+        return self.corrupt if corruption == "S2" else self.abc
+
 
 def dataset(n: int, seed: int) -> list[Prompt]:
-    """n prompts (n even): n/2 draws of a template and two names, each in both orders."""
-    rng = random.Random(seed)
+    """n prompts (n even): n/2 draws of a template and two names, each in both orders; the ABC corruption's two
+    other names from a draw of their own (so that the IO and S of a seed do not depend on it)."""
+    rng, others = random.Random(seed), random.Random(f"abc {seed}")
     found = []
     for k in range(n // 2):
         io, s = rng.sample(NAMES, 2)
+        c, d = others.sample([m for m in NAMES if m not in (io, s)], 2)
         t = k % len(TEMPLATES)
-        found += [Prompt(t, io, s, "ABB"), Prompt(t, io, s, "BAB")]
+        found += [Prompt(t, io, s, "ABB", c, d), Prompt(t, io, s, "BAB", c, d)]
     return found
 
 
@@ -118,11 +141,12 @@ class Tokens:
     tokens: list[list[str]] = field(default_factory=list)
 
 
-def tokenize(tok: Tokenizer, prompts: list[Prompt]) -> Tokens:
-    """The dataset's ids; every name must be one token of `tok` (a clear error otherwise)."""
+def tokenize(tok: Tokenizer, prompts: list[Prompt], corruption: str = "S2") -> Tokens:
+    """The dataset's ids, corrupted by `corruption` (CORRUPTIONS); every name must be one token of `tok` (a clear
+    error otherwise)."""
     io = [single_token(tok, " " + p.io, f"IOI name {p.io!r}") for p in prompts]
     s = [single_token(tok, " " + p.s, f"IOI name {p.s!r}") for p in prompts]
-    clean, corrupt = tok.pad([p.clean for p in prompts]), tok.pad([p.corrupt for p in prompts])
+    clean, corrupt = tok.pad([p.clean for p in prompts]), tok.pad([p.corrupted(corruption) for p in prompts])
     roles = []
     for b, (x, y) in enumerate(zip(clean.rows(), corrupt.rows())):
         if len(x) != len(y):
@@ -136,13 +160,6 @@ def first(batch: Batch, n: int) -> Batch:
     """The first n prompts of a left-padded batch, padding trimmed to the longest of them."""
     width = int(batch.lengths[:n].max())
     return Batch(batch.ids[:n, -width:], batch.mask[:n, -width:], batch.side)
-
-
-def correlation(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Pearson's r over the cells both maps have (NaN-free)."""
-    a, b = a.flatten().double(), b.flatten().double()
-    keep = ~(a.isnan() | b.isnan())
-    return float(torch.corrcoef(torch.stack([a[keep], b[keep]]))[0, 1])
 
 
 def by_role(patched: PatchingSet, roles: list[dict[str, int]]) -> torch.Tensor:
@@ -185,6 +202,27 @@ def attention_to_names(model: GPT, data: Tokens, heads: list[tuple[int, int, flo
     return found
 
 
+def patched(model: GPT, tok: Tokenizer, data: Tokens, metrics: list, k: int) -> dict:
+    """Exact patching of the first k prompts (the stream at the named positions, every head's output), attribution
+    patching of the same ones and of all beside it, and how well the two agree (Pearson's r)."""
+    with torch.no_grad():
+        exact = patching_maps(model, first(data.clean, k), first(data.corrupt, k), metrics[:k],
+                              kinds=("resid_pre", "head"), tokenizer=tok)
+    approx = attribution_patching(model, first(data.clean, k), first(data.corrupt, k), metrics[:k],
+                                  kinds=("resid_pre", "head"), tokenizer=tok)
+    approx_all = attribution_patching(model, data.clean, data.corrupt, metrics, kinds=("head",), tokenizer=tok)
+    resid = by_role(exact, data.roles[:k])                                     # (L, roles)
+    resid_approx = by_role(approx, data.roles[:k])
+    exact_heads, approx_heads = exact.mean("head"), approx.mean("head")
+    agree = {"head_mean": correlation(exact_heads, approx_heads),
+             "head_cells": correlation(every_cell(exact), every_cell(approx)),
+             "resid_pre_roles": correlation(resid, resid_approx)}
+    return {"pairs": k, "resid_pre_roles": resid.tolist(), "resid_pre_roles_attribution": resid_approx.tolist(),
+            "head": exact_heads.tolist(), "head_attribution": approx_heads.tolist(),
+            "head_attribution_all": approx_all.mean("head").tolist(), "top": top_heads(exact_heads, 5),
+            "correlation": agree}
+
+
 def study(model: GPT, tok: Tokenizer, size: Size, seed: int = 0) -> dict:
     """The whole analysis (module docstring) on one model; every number the page states."""
     prompts = dataset(size["prompts"], seed)
@@ -222,20 +260,7 @@ def study(model: GPT, tok: Tokenizer, size: Size, seed: int = 0) -> dict:
     # 3. exact patching of the first prompts, and attribution patching of the same ones and of all
     k = size["exact"]
     metrics = [logit_diff(a, b) for a, b in zip(data.io, data.s)]
-    with torch.no_grad():
-        exact = patching_maps(model, first(data.clean, k), first(data.corrupt, k), metrics[:k],
-                              kinds=("resid_pre", "head"), tokenizer=tok)
-    approx = attribution_patching(model, first(data.clean, k), first(data.corrupt, k), metrics[:k],
-                                  kinds=("resid_pre", "head"), tokenizer=tok)
-    approx_all = attribution_patching(model, data.clean, data.corrupt, metrics, kinds=("head",), tokenizer=tok)
-    assert isinstance(exact, PatchingSet) and isinstance(approx, PatchingSet) and isinstance(approx_all, PatchingSet)
-    resid = by_role(exact, data.roles[:k])                                     # (L, roles)
-    resid_approx = by_role(approx, data.roles[:k])
-    exact_heads, approx_heads = exact.mean("head"), approx.mean("head")
-    agree = {"head_mean": correlation(exact_heads, approx_heads),
-             "head_cells": correlation(every_cell(exact), every_cell(approx)),
-             "resid_pre_roles": correlation(resid, resid_approx)}
-    patched_top = top_heads(exact_heads, 5)
+    patching = patched(model, tok, data, metrics, k)
 
     # 4. path patching: every earlier head -> the queries, at END, of the heads that write the answer most
     # (the top writers outside block 0, whose heads have no senders)
@@ -254,9 +279,17 @@ def study(model: GPT, tok: Tokenizer, size: Size, seed: int = 0) -> dict:
                           metrics[b]) for b in range(size["path"])] for kind in ("q", "head")}
     senders = top_heads(path_mean, 5)
 
+    # 5. the ABC corruption: both names replaced, so that the corrupted prompt names neither
+    other = tokenize(tok, prompts, "ABC")
+    with torch.no_grad():
+        logits = model(other.corrupt.ids, mask=other.corrupt.mask)[0][torch.arange(n), other.corrupt.last].double()
+    abc_diff = logits[torch.arange(n), data.io] - logits[torch.arange(n), data.s]
+    abc = {"logit_diff_corrupt": abc_diff.tolist(), "mean_logit_diff_corrupt": float(abc_diff.mean()),
+           "example": prompts[0].abc, **patched(model, tok, other, metrics, k)}
+
     return {
-        "prompts": [{"clean": p.clean, "corrupt": p.corrupt, "io": p.io, "s": p.s, "order": p.order,
-                     "template": p.template} for p in prompts],
+        "prompts": [{"clean": p.clean, "corrupt": p.corrupt, "abc": p.abc, "io": p.io, "s": p.s, "c": p.c,
+                     "d": p.d, "order": p.order, "template": p.template} for p in prompts],
         "tokens_first": data.tokens[0], "roles_first": data.roles[0],
         "n_layers": L, "n_heads": H,
         "logit_diff": diffs["clean"].tolist(), "logit_diff_corrupt": diffs["corrupt"].tolist(),
@@ -271,11 +304,8 @@ def study(model: GPT, tok: Tokenizer, size: Size, seed: int = 0) -> dict:
                         "attn_total": float(heads.sum((1, 2)).mean() + biases.sum(1).mean()),
                         "mlp_total": sum(v for c, v in mean_rows.items() if c.endswith(".mlp"))},
         "attention": attention_to_names(model, data, writers),
-        "patching": {"pairs": k, "resid_pre_roles": resid.tolist(),
-                     "resid_pre_roles_attribution": resid_approx.tolist(),
-                     "head": exact_heads.tolist(), "head_attribution": approx_heads.tolist(),
-                     "head_attribution_all": approx_all.mean("head").tolist(), "top": patched_top,
-                     "correlation": agree},
+        "patching": patching,
+        "abc": abc,
         "path": {"pairs": size["path"], "receivers": receivers, "head": path_mean.tolist(), "top": senders,
                  "receivers_queries": sum(bound["q"]) / len(bound["q"]),
                  "receivers_outputs": sum(bound["head"]) / len(bound["head"])},
@@ -301,13 +331,14 @@ def fractions(cells: list) -> str:
 def result(n: dict) -> Result:
     """The page's tables, verdict and figure from `study`'s numbers."""
     L, H = n["n_layers"], n["n_heads"]
-    a, p, path = n["attribution"], n["patching"], n["path"]
+    a, p, path, abc = n["attribution"], n["patching"], n["path"], n["abc"]
     clean, corrupt = torch.tensor(n["logit_diff"]), torch.tensor(n["logit_diff_corrupt"])
     t_data = Table(f"logit[IO] - logit[S] at the last position, {len(clean)} prompts "
                    f"({len(TEMPLATES)} templates, both orders)",
                    ["prompts", "mean", "min", "max", "> 0"],
                    [[what, float(d.mean()), float(d.min()), float(d.max()), float((d > 0).double().mean())]
-                    for what, d in (("clean", clean), ("corrupted (S2 -> IO)", corrupt))])
+                    for what, d in (("clean", clean), ("corrupted (S2 -> IO)", corrupt),
+                                    ("corrupted (all names replaced)", torch.tensor(abc["logit_diff_corrupt"])))])
     att = n["attention"]
     t_dla = Table("Direct logit attribution of logit[IO] - logit[S] at the last position, mean over the prompts: the "
                   "heads (block.head) that write the most for IO, and the attention their query at END pays to each "
@@ -335,14 +366,28 @@ def result(n: dict) -> Result:
                    [[f"path from {i}.{h}", v] for i, h, v in path["top"]]
                    + [[f"the receivers' queries at END ({recv})", path["receivers_queries"]],
                       [f"the receivers' outputs ({recv})", path["receivers_outputs"]]])
-    c = p["correlation"]
-    t_agree = Table("Attribution patching against exact patching (Pearson's r)", ["cells", "r"],
-                    [[f"head map, mean over {p['pairs']} prompts ({L * H} cells)", c["head_mean"]],
-                     [f"head map, every prompt's cells ({p['pairs'] * L * H})", c["head_cells"]],
-                     [f"stream at the named positions, mean ({L * len(ROLES)} cells)", c["resid_pre_roles"]]])
+    c, c_abc = p["correlation"], abc["correlation"]
+    t_agree = Table("Attribution patching against exact patching (Pearson's r), for each corruption",
+                    ["cells", "r (S2 -> IO)", "r (all names replaced)"],
+                    [[f"head map, mean over {p['pairs']} prompts ({L * H} cells)", c["head_mean"], c_abc["head_mean"]],
+                     [f"head map, every prompt's cells ({p['pairs'] * L * H})", c["head_cells"], c_abc["head_cells"]],
+                     [f"stream at the named positions, mean ({L * len(ROLES)} cells)", c["resid_pre_roles"],
+                      c_abc["resid_pre_roles"]]])
+    both = torch.tensor(abc["resid_pre_roles"])
+    t_abc = Table(f"All names replaced (ABC), {abc['pairs']} prompts: patching the stream entering each block at "
+                  "the named positions (exact; attribution patching's estimate at END beside it), and beside it the "
+                  "S2 -> IO swap's END", ["block", *ROLES, "END (attribution)", "END (S2 -> IO)"],
+                  [[i, *[round(float(v), 3) + 0.0 for v in both[i]],
+                    round(abc["resid_pre_roles_attribution"][i][3], 3) + 0.0, round(resid[i][3], 3) + 0.0]
+                   for i in range(L)])
+    exact_s2, est_abc = torch.tensor(p["head"]), torch.tensor(abc["head_attribution"])
+    t_abc_heads = Table(f"All names replaced (ABC), {abc['pairs']} prompts: the heads whose output restores most, "
+                        "beside attribution patching's estimate and the same head under the S2 -> IO swap",
+                        ["head", "restored (exact)", "restored (attribution patching)", "restored (S2 -> IO, exact)"],
+                        [[f"{i}.{h}", v, float(est_abc[i, h]), float(exact_s2[i, h])] for i, h, v in abc["top"]])
     numbers = {k: v for k, v in n.items()}
-    return Result(NAME, CLAIM, [t_data, t_dla, t_heads, t_resid, t_agree, t_path], verdict(n), numbers,
-                  {"ioi": draw(n)}, notes(n))
+    return Result(NAME, CLAIM, [t_data, t_dla, t_heads, t_resid, t_agree, t_path, t_abc, t_abc_heads], verdict(n),
+                  numbers, {"ioi": draw(n)}, notes(n))
 
 
 def moved_at(resid: list[list[float]], role: str, level: float = 0.5) -> int | None:
@@ -439,10 +484,45 @@ def verdict(n: dict) -> str:
                         f"{', '.join(f'{i}.{h}' for i, h, _ in w[:3])}"
                         + (f" ({', '.join(movers)} copying the IO's name, {', '.join(pushers)} pushing S down)."
                            if movers and pushers else "."))
+    parts += abc_verdict(n)
     parts.append("SmolLM2 is a 135M model and need not have GPT-2 small's clean IOI circuit; the numbers above are "
                  f"what its heads do on this dataset, with exact and path patching on its first {p['pairs']} and "
                  f"{path['pairs']} prompts only.")
     return " ".join(parts)
+
+
+def abc_verdict(n: dict) -> list[str]:
+    """What the second corruption (all names replaced) adds, from its numbers."""
+    abc, p = n["abc"], n["patching"]
+    resid = abc["resid_pre_roles"]
+    k = {role: ROLES.index(role) for role in ROLES}
+    parts = [f"With all names replaced instead (ABC: {abc['example']!r}), the corrupted logit difference is "
+             f"{abc['mean_logit_diff_corrupt']:+.2f} (against {n['mean_logit_diff_corrupt']:+.2f} for the S2 -> IO "
+             "swap): the prompt names neither answer."]
+    io, s1, s2 = (resid[0][k[role]] for role in ("IO", "S1", "S2"))
+    end = moved_at(resid, "END")
+    why = (" (with the IO's own name back, the prompt names the IO and not S at all, so the difference passes the "
+           "clean one; S's name back at one mention makes S a name mentioned once, a candidate answer)"
+           if io > 1 and s1 < 0 and s2 < 0 else "")
+    parts.append(f"Patching the stream entering block 0 at one position restores IO {io:.0%}, S1 {s1:.0%}, S2 "
+                 f"{s2:.0%}{why}"
+                 + (f"; END alone restores half or more from block {end} on ({resid[end][k['END']]:.0%} there, "
+                    f"{resid[end - 1][k['END']]:.0%} entering block {end - 1}; {resid[-1][k['END']]:.0%} entering "
+                    "the last block)." if end is not None else "; END alone never restores half at any block's entry."))
+    if end is not None and end >= 1 and resid[end - 1][k["END"]] < 0.1:
+        parts.append(f"So block {end - 1} alone moves the names themselves to the last position, while the S2 -> IO "
+                     f"swap shows what decides between them moving there over blocks "
+                     f"{next((i for i, row in enumerate(p['resid_pre_roles']) if row[2] < 0.9), '?')}-"
+                     f"{(moved_at(p['resid_pre_roles'], 'END') or 1) - 1}.")
+    top, s2_top = abc["top"], {(i, h) for i, h, _ in p["top"]}
+    shared = [f"{i}.{h}" for i, h, _ in top[:3] if (i, h) in s2_top]
+    parts.append(f"The heads whose output restores most are {fractions(top[:3])}"
+                 + (f"; {', '.join(shared)} {'is' if len(shared) == 1 else 'are'} also among the S2 -> IO swap's top "
+                    "five" if shared else "; none of them is among the S2 -> IO swap's top five")
+                 + f". Attribution patching agrees on the head map with r = {abc['correlation']['head_mean']:.2f} "
+                 f"(S2 -> IO: {p['correlation']['head_mean']:.2f}) and on the stream at the named positions with "
+                 f"r = {abc['correlation']['resid_pre_roles']:.2f} ({p['correlation']['resid_pre_roles']:.2f}).")
+    return parts
 
 
 def notes(n: dict) -> list[str]:
@@ -450,9 +530,11 @@ def notes(n: dict) -> list[str]:
     first = n["prompts"][0]
     return [f"Dataset: {len(n['prompts'])} prompts from {len(TEMPLATES)} templates and {len(NAMES)} single-token names "
             f"(seeded draws, each pair of names in both orders), e.g. {first['clean']!r} -> {' ' + first['io']!r} over "
-            f"{' ' + first['s']!r}; corrupted: {first['corrupt']!r}. Named positions: IO, S1, S2 (the subject's two "
+            f"{' ' + first['s']!r}; corrupted: {first['corrupt']!r} (S2 -> IO) and {first['abc']!r} (all names "
+            "replaced, by two names drawn apart from the pair). Named positions: IO, S1, S2 (the subject's two "
             "mentions), END (the last token).",
-            f"Exact patching runs on the first {p['pairs']} prompts, path patching on the first {path['pairs']}; "
+            f"Exact patching runs on the first {p['pairs']} prompts (for each corruption), path patching on the "
+            f"first {path['pairs']} (S2 -> IO only); "
             "attribution patching runs on all of them too (numbers.json: head_attribution_all). Fractions: 1 = the "
             "clean logit difference, 0 = the corrupted one, over the dataset (mean patched - mean corrupt) / "
             "(mean clean - mean corrupt); the stream's positions are aligned by role across templates.",
@@ -463,11 +545,12 @@ def notes(n: dict) -> list[str]:
 
 def draw(n: dict):
     H = n["n_heads"]
-    fig, axes = figure(4, 4.0, 5.0)
+    fig, axes = figure(5, 4.0, 5.0)
     fig.set_layout_engine("constrained")   # room for the colour bars between the panels
     maps = [(n["attribution"]["heads"], "direct logit attribution\n(logit units)", "RdBu_r"),
             (n["patching"]["head"], "head patching: fraction\nrestored (exact)", "RdBu_r"),
-            (n["path"]["head"], "path patching to the\nreceivers' queries", "RdBu_r")]
+            (n["path"]["head"], "path patching to the\nreceivers' queries", "RdBu_r"),
+            (n["abc"]["head"], "head patching (exact),\nall names replaced", "RdBu_r")]
     for ax, (m, title, cmap) in zip(axes, maps):
         t = torch.tensor(m, dtype=torch.float64)
         lim = float(torch.nan_to_num(t, nan=0.0).abs().max()) or 1.0
@@ -475,7 +558,7 @@ def draw(n: dict):
         ax.set(xlabel="head", ylabel="block", title=title)
         ax.set_xticks(range(H))
         fig.colorbar(im, ax=ax, fraction=0.05)
-    ax = axes[3]
+    ax = axes[4]
     exact = torch.tensor(n["patching"]["head"]).flatten()
     est = torch.tensor(n["patching"]["head_attribution"]).flatten()
     ax.scatter(exact.numpy(), est.numpy(), s=8)
@@ -515,6 +598,8 @@ late = range(18, len(model.blocks))
 exact = patching_maps(model, data.clean, data.corrupt, metrics, kinds=("head",), layers=late)
 approx = attribution_patching(model, data.clean, data.corrupt, metrics, kinds=("head",), layers=late)
 print(torch.corrcoef(torch.stack([exact.mean("head").flatten(), approx.mean("head").flatten()]))[0, 1])
+abc = tokenize(tok, dataset(4, seed=0), "ABC")                     # the other corruption: all names replaced
+print(patching_maps(model, abc.clean, abc.corrupt, metrics, kinds=("head",), layers=late).mean("head"))
 
 end = data.roles[0]["END"]                                          # path patching: one pair
 paths = path_patching(model, data.clean.row(0), data.corrupt.row(0), metrics[0], [Site("q", 23, end, 3)],
@@ -542,6 +627,9 @@ def page(r: Result, figure_dir: str, command: str) -> str:
              "the IO, so that the other name becomes the answer: the stream at the named positions, and each head; "
              "attribution patching (`attribution_patching`) beside it;",
              "4. path patching (`path_patching`): which earlier heads feed the queries of the heads that write the "
-             "answer.", "", WALKTHROUGH, "## The result", "",
+             "answer;",
+             "5. patching again against a second corruption, all names replaced (ABC: IO and S swapped for two other "
+             "names everywhere): the first asks what knows which name is repeated, this one what carries the names "
+             "themselves.", "", WALKTHROUGH, "## The result", "",
              r.markdown(figure_dir=figure_dir).split("\n", 2)[2]]
     return "\n".join(lines)

@@ -25,7 +25,7 @@ head). Every tool that reads prompts takes a padded `lumen.tokenizers.Batch` too
 
 from .ablate import deletion_table, heldout_loss
 from .attribution import Attribution, attribute, top_components
-from .attribution_patching import attribution_patching
+from .attribution_patching import agreement, attribution_patching
 from .cache import (
     ActivationCache,
     UnknownActivation,
@@ -54,5 +54,5 @@ __all__ = [
     "heldout_loss", "hooked", "hooks", "induction_scores", "logit_diff", "logit_lens", "logprob", "patch",
     "patching_maps", "path_patching", "positional_scores", "replace_activation", "run_with_cache",
     "run_with_hooks", "scan_layer", "top_activations", "top_components", "train_tuned_lens", "unembedding_hash",
-    "value_logits", "value_tokens", "UnknownActivation",
+    "value_logits", "value_tokens", "UnknownActivation", "agreement",
 ]

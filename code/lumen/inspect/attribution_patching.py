@@ -18,6 +18,7 @@ exact patching. The maps come back as `patching.Patching`s with method "attribut
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import overload
 
 import torch
 
@@ -30,6 +31,15 @@ from .hooks import check_layer, hooked
 from .patching import SITES, Metric, Patching, PatchingSet, _pairs, _texts, logit_diff
 
 
+@overload
+def attribution_patching(model: GPT, clean: Batch, corrupt: Batch, metric: Metric | Sequence[Metric] | None = ...,
+                         kinds: Sequence[str] = ..., position: int = ..., tokenizer=..., metric_name: str = ...,
+                         layers: Sequence[int] | None = ..., by_position: bool = ...) -> PatchingSet: ...
+@overload
+def attribution_patching(model: GPT, clean: torch.Tensor | Sequence[int], corrupt: torch.Tensor | Sequence[int],
+                         metric: Metric | Sequence[Metric] | None = ..., kinds: Sequence[str] = ...,
+                         position: int = ..., tokenizer=..., metric_name: str = ...,
+                         layers: Sequence[int] | None = ..., by_position: bool = ...) -> Patching: ...
 @torch.no_grad()
 def attribution_patching(
     model: GPT,
@@ -146,4 +156,27 @@ def _corrupt_gradients(model: GPT, ids: torch.Tensor, mask: torch.Tensor, wanted
     return acts, grads, logits.detach()
 
 
-__all__ = ["attribution_patching"]
+def correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson's r between two maps over the cells both have (NaN-free): how well one ranks cells as the other."""
+    a, b = a.flatten().double(), b.flatten().double()
+    keep = ~(a.isnan() | b.isnan())
+    return float(torch.corrcoef(torch.stack([a[keep], b[keep]]))[0, 1])
+
+
+def agreement(exact: Patching | PatchingSet, estimate: Patching | PatchingSet) -> dict[str, dict[str, float]]:
+    """How far to trust the estimate: per site kind, Pearson's r between attribution patching's map and exact
+    patching's ("map"); for a dataset, r of the mean maps ("mean") and of every pair's cells together ("cells")."""
+    found: dict[str, dict[str, float]] = {}
+    if isinstance(exact, Patching) and isinstance(estimate, Patching):
+        for kind in exact.maps:
+            found[kind] = {"map": correlation(exact.maps[kind], estimate.maps[kind])}
+        return found
+    if not (isinstance(exact, PatchingSet) and isinstance(estimate, PatchingSet)):
+        raise UserError("compare a Patching with a Patching, or a PatchingSet with a PatchingSet")
+    for kind in exact.pairs[0].maps:
+        cells = [torch.cat([p.maps[kind].flatten() for p in s.pairs]) for s in (exact, estimate)]
+        found[kind] = {"mean": correlation(exact.mean(kind), estimate.mean(kind)), "cells": correlation(*cells)}
+    return found
+
+
+__all__ = ["agreement", "attribution_patching", "correlation"]

@@ -188,7 +188,7 @@ def run_copies(model: GPT, corrupted: Corrupted, copies: Sequence[Copy], positio
     the corrupted run's keys and values before its start position are a KV cache."""
     T = corrupted.T
     p = position % T
-    out: list[torch.Tensor | None] = [None] * len(copies)
+    out: torch.Tensor | None = None   # filled a batch at a time (stacking one row per copy costs seconds)
     kept: list[dict[str, torch.Tensor]] = [{} for _ in copies]
     by_start: dict[int, list[int]] = {}
     for c, copy in enumerate(copies):
@@ -201,11 +201,14 @@ def run_copies(model: GPT, corrupted: Corrupted, copies: Sequence[Copy], positio
         for a in range(0, len(members), per):
             chunk = members[a:a + per]
             logits, recorded = _run_group(model, corrupted, [copies[c] for c in chunk], s, p)
+            if out is None:
+                out = logits.new_empty(len(copies), logits.size(-1))
+            out[torch.tensor(chunk, device=logits.device)] = logits
             for r, c in enumerate(chunk):
-                out[c] = logits[r]
                 kept[c] = recorded[r]
-    assert all(o is not None for o in out)
-    return torch.stack(out), kept   # type: ignore[arg-type]
+    if out is None:
+        raise UserError("no patched copies to run: give at least one")
+    return out, kept
 
 
 def _run_group(model: GPT, corrupted: Corrupted, copies: list[Copy], s: int, p: int
