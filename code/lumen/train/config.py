@@ -255,12 +255,14 @@ def _model_hints() -> dict[str, object]:
 
 
 # The built-in runs. "shakespeare" is the README's first command: a byte-level BPE (each token spells several
-# characters, so the model sees more text in the same minutes) and a compiled step (at this small shape an eager
-# step is mostly per-operation overhead). What it reaches, how fast, and the settings tried: docs/training.md.
+# characters, so the model sees more text in the same minutes), a compiled step (at this small shape an eager
+# step is mostly per-operation overhead), Muon and a warm-up-stable-decay schedule. What it reaches, how fast,
+# and the record table of the changes that got it there: docs/speed.md (bench/speedrun.py).
 PRESETS: dict[str, dict] = {
     "shakespeare": {
         "corpus": "shakespeare", "tokenizer": "bpe", "vocab_size": 4096, "out_dir": "runs/shakespeare",
-        "steps": 2400, "compile": True, "batch_size": 16, "lr": 3e-3, "min_lr": 3e-4, "warmup": 50, "beta2": 0.99,
+        "steps": 2100, "compile": True, "batch_size": 16, "optimizer": "muon", "muon_lr": 0.02, "lr": 3e-3,
+        "schedule": "wsd", "decay": 0.4, "min_lr": 3e-5, "warmup": 50, "beta2": 0.99,
         "weight_decay": 0.1, "eval_interval": 500, "eval_windows": 200, "sample_tokens": 200,
         "model": {"preset": "baby-gpt", "n_layers": 4, "d_model": 128, "n_heads": 4, "context": 128},
     },
