@@ -163,9 +163,9 @@ class Blocks(nn.Module):
     def dequantized(self, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """The float32 matrix w = d q (+ m), as llama.cpp (and the gguf package) compute it: those rows (a
         slice, or a tensor of row indices: (*idx.shape, in))."""
-        w = self.block_codes(rows).float() * self.scale[rows][..., None]
+        w = self.block_codes(rows).float().mul_(self.scale[rows][..., None])  # (in place: one buffer of rows)
         if self.minimum is not None:
-            w = w + self.minimum[rows][..., None]
+            w.add_(self.minimum[rows][..., None])
         return w.flatten(-2)
 
     def row_product(self, x: torch.Tensor) -> torch.Tensor:
