@@ -1,6 +1,6 @@
 """One contender of bench_llamacpp.py, in its own process: lumen decoding SmolLM2's GGUF at each thread count.
 
-    .venv/bin/python bench/lumen_decode.py gguf|float compiled|eager THREADS,... TOKENS PROMPT_TOKENS
+    .venv/bin/python bench/lumen_decode.py gguf|float compiled|aot|eager THREADS,... TOKENS PROMPT_TOKENS
 
 For each thread count (pinned): greedy decoding of TOKENS new tokens after a short prompt, through the
 speed wing's door (tokens/s after the first; compiling is not counted), then the process's peak resident
@@ -34,7 +34,7 @@ def main() -> None:
     model, tok = loaded.model, loaded.tokenizer
     ids = torch.tensor([tok.encode(PROMPT)])
     long = torch.tensor([tok.encode(FILLER * (n_prompt // 10))[:n_prompt]])
-    compile, out = mode == "compiled", {}
+    compile, out = {"eager": False, "compiled": True, "aot": "aot"}[mode], {}
     with torch.inference_mode(), fast.decoding(model, compile) as decoder:
         for t in map(int, threads.split(",")):
             torch.set_num_threads(t)

@@ -1,13 +1,15 @@
-"""Where a decoded token's time goes: lumen decoding SmolLM2's GGUF blocks through the door's compiled step,
-at each thread count, by torch's profiler (inductor's kernels recorded one by one).
+"""Where a decoded token's time goes: lumen decoding SmolLM2's GGUF blocks through the door's compiled steps,
+torch.compile's and AOTInductor's (`compile="aot"`), side by side at each thread count, by torch's profiler
+(inductor's kernels recorded one by one).
 
     .venv/bin/python bench/profile_decode.py [--threads 1,2] [--tokens 32]
 
 Per token: the products (quant.cpp's block kernel), attention (inductor's softmax kernels), the other fused
 elementwise kernels (norms, rotations, residual adds), dynamo's guards (its cache lookup), the compiled
-graph's Python wrapper, and what is left of the wall time (the Python of the loop). Shares are of the
-profiled wall time; the profiler itself adds a little to each event. Results go to docs/speed/profile.json.
-Not a test.
+graph's Python wrapper, and what is left of the wall time (the Python of the loop; for the AOTInductor step,
+its C++ wrapper too). Shares are of the profiled wall time; the profiler itself adds a little to each event.
+The unprofiled time per token is the best of three rounds, the two steps taking turns in each. Results go to
+docs/speed/profile.json. Not a test.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import warnings
 from results import Record
 
 PARTS = ("products", "attention", "elementwise", "guards", "wrapper", "rest")
+STEPS = {"threads": True, "aot": "aot"}  # the record's key for each step: the door's `compile`
 
 
 def part(name: str) -> str | None:
     """Which part of a token's time a profiler event is (None: an event that only contains others)."""
-    if name in ("lumen::blocks_row", "aten::mm", "aten::addmm", "lumen::onednn_linear"):
+    if name in ("lumen::blocks_row", "aoti_torch_cpu_blocks_row", "aten::mm", "aten::addmm", "lumen::onednn_linear"):
         return "products"
     if name.startswith("graph_"):
         return "attention" if "softmax" in name else "elementwise"
@@ -35,7 +38,8 @@ def part(name: str) -> str | None:
     return None
 
 
-def profile(threads: int, n: int) -> dict:
+def profile(threads: int, n: int) -> dict[str, dict]:
+    """{record key: that step's profile} at this thread count."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -48,10 +52,13 @@ def profile(threads: int, n: int) -> dict:
     model = loaded.model
     ids = torch.tensor([loaded.tokenizer.encode("The capital of France is")])
     with torch.inference_mode(), fast.decoding(model, compile=True) as decoder:
-        def steps(k: int, cache: KVCache) -> float:
+        steps = {key: decoder.step if compile is True else fast.Decoder(model, compile).step
+                 for key, compile in STEPS.items()}
+
+        def run(step, k: int, cache: KVCache) -> float:
             t = time.perf_counter()
             for _ in range(k):
-                decoder.step(torch.tensor([[42]]), cache=cache)
+                step(torch.tensor([[42]]), cache=cache)
             return (time.perf_counter() - t) / k
 
         def prompted() -> KVCache:  # the prompt's keys in a fresh cache (its prefill is not a step)
@@ -59,21 +66,28 @@ def profile(threads: int, n: int) -> dict:
             model(ids, cache=cache)
             return cache
 
-        steps(4, prompted())  # compiles
-        plain_ms = 1000 * min(steps(n, prompted()) for _ in range(2))
-        cache = prompted()
-        with torch_profile(activities=[ProfilerActivity.CPU]) as p:
-            wall = steps(n, cache)
-    ms = dict.fromkeys(PARTS, 0.0)
-    events = sorted(p.key_averages(), key=lambda e: -e.self_cpu_time_total)
-    top = {e.key[:60]: round(e.self_cpu_time_total / 1000 / n, 3) for e in events[:12]}
-    for e in events:
-        where = part(e.key)
-        if where is not None:
-            ms[where] += e.self_cpu_time_total / 1000 / n
-    ms["rest"] = max(0.0, 1000 * wall - sum(ms.values()))
-    return {"ms_per_token": 1000 * wall, "unprofiled_ms_per_token": plain_ms, "parts_ms": ms, "top_events_ms": top,
-            "load": os.getloadavg()[0]}
+        for step in steps.values():
+            run(step, 4, prompted())  # compiles (or loads)
+        plain: dict[str, list[float]] = {key: [] for key in steps}
+        for _ in range(3):  # the steps take turns: a machine that slows down slows both
+            for key, step in steps.items():
+                plain[key].append(run(step, n, prompted()))
+        out = {}
+        for key, step in steps.items():
+            cache = prompted()
+            with torch_profile(activities=[ProfilerActivity.CPU]) as p:
+                wall = run(step, n, cache)
+            ms = dict.fromkeys(PARTS, 0.0)
+            events = sorted(p.key_averages(), key=lambda e: -e.self_cpu_time_total)
+            top = {e.key[:60]: round(e.self_cpu_time_total / 1000 / n, 3) for e in events[:12]}
+            for e in events:
+                where = part(e.key)
+                if where is not None:
+                    ms[where] += e.self_cpu_time_total / 1000 / n
+            ms["rest"] = max(0.0, 1000 * wall - sum(ms.values()))
+            out[key] = {"ms_per_token": 1000 * wall, "unprofiled_ms_per_token": 1000 * min(plain[key]),
+                        "parts_ms": ms, "top_events_ms": top, "load": os.getloadavg()[0]}
+    return out
 
 
 def main() -> None:
@@ -87,10 +101,14 @@ def main() -> None:
     torch._inductor.config.cpp.enable_kernel_profile = True  # each fused kernel a profiler event
     threads = [int(t) for t in args.threads.split(",")] if args.threads else list(range(1, (os.cpu_count() or 1) + 1))
     with Record("profile") as rec:
-        rec["threads"] = {str(t): profile(t, args.tokens) for t in threads}
-    for t, r in rec["threads"].items():
-        shares = ", ".join(f"{k} {v / r['ms_per_token']:.0%}" for k, v in r["parts_ms"].items())
-        print(f"{t} threads: {r['ms_per_token']:.1f} ms/token profiled: {shares}")
+        measured = {str(t): profile(t, args.tokens) for t in threads}
+        for key in STEPS:  # "threads": torch.compile's step, as the record always held it
+            rec[key] = {t: m[key] for t, m in measured.items()}
+    for key in STEPS:
+        for t, r in rec[key].items():
+            shares = ", ".join(f"{k} {v / r['ms_per_token']:.0%}" for k, v in r["parts_ms"].items())
+            print(f"{'aot' if key == 'aot' else 'compiled'}, {t} threads: {r['ms_per_token']:.1f} ms/token "
+                  f"profiled ({r['unprofiled_ms_per_token']:.1f} not): {shares}")
 
 
 if __name__ == "__main__":

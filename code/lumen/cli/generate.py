@@ -49,6 +49,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--compile", action="store_true",
                    help="compile the decoding step with torch.compile: several times faster per token on CPU, "
                         "after a one-time compile (about a minute; cached after) (needs a C++ compiler)")
+    p.add_argument("--aot", action="store_true",
+                   help="instead of --compile: the one-token step compiled ahead of time by AOTInductor, once per "
+                        "model shape (a few minutes; needs a C++ compiler), then only loaded: no compiler in later "
+                        "runs, less memory")
     return p
 
 
@@ -80,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     sampling = sampling_for(loaded.model, **changes)
     source = "the model's generation_config.json" if loaded.model.sampling is not None else "lumen's defaults"
     print(f"lumen generate: {describe(sampling, source, seed)}", file=sys.stderr)
+    if args.compile and args.aot:
+        raise UserError("--compile and --aot are two ways to compile the decoding step: give one of them")
+    compile = "aot" if args.aot else args.compile
     if args.compile:
         print("lumen generate: compiling the decoding step (about a minute on two cores the first time)...",
               file=sys.stderr)
@@ -87,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     recent: collections.deque[int] = collections.deque(maxlen=loaded.model.cfg.context)  # what a diagnosis reads
     try:
         # the speed wing (compiled or packed, threads tuned); greedy eager steps check their logits (finite_logits)
-        with decoding(loaded.model, args.compile) as decoder, \
-                finite_logits(loaded.model) if sampling.greedy and not args.compile else contextlib.nullcontext(), \
+        with decoding(loaded.model, compile) as decoder, \
+                finite_logits(loaded.model) if sampling.greedy and not compile else contextlib.nullcontext(), \
                 contextlib.closing(decoder.stream(idx, args.max_new_tokens, sampling, generator)) as steps:
             n, seconds = stream_text(kept(steps, recent), tok, sys.stdout)
     except (NonFiniteLogits, RuntimeError) as e:

@@ -21,8 +21,9 @@ from collections.abc import Generator, Iterator
 import torch
 
 from ..compiling import COMPILE_OPTIONS, check_cpp_compiler
-from ..decode import Sampling, sampling_for
+from ..decode import Sampling, Step, sampling_for
 from ..decode import stream as plain_stream
+from ..errors import UserError
 from ..model import GPT
 from ..threads import tuned
 from .attention import one_query_attention, plain_attention
@@ -36,14 +37,23 @@ SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs o
 DECODE_OPTIONS = {**COMPILE_OPTIONS, "cpp.min_chunk_size": 16384}
 
 
+COMPILERS = (False, True, "aot")  # the door's `compile`: none, torch.compile, AOTInductor (aot.py)
+
+
 class Decoder:
     """Decodes with one model, made fast by `decoding`. `step` runs one forward pass (compiled or not)."""
 
-    def __init__(self, model: GPT, compile: bool):
+    def __init__(self, model: GPT, compile: bool | str):
         self.model, self.compile = model, compile
-        # shapes are static (one graph per shape): a KV cache keeps every slot and takes positions as a
-        # tensor, so a one-token step compiles once; the weights stay inputs of the graph
-        self.step = torch.compile(model, dynamic=False, options=DECODE_OPTIONS) if compile else model
+        self.step: Step = model
+        if compile == "aot":  # a one-token step compiled ahead of time, loaded from disk (aot.py)
+            from .aot import AOTStep
+
+            self.step = AOTStep(model)
+        elif compile:
+            # shapes are static (one graph per shape): a KV cache keeps every slot and takes positions as a
+            # tensor, so a one-token step compiles once; the weights stay inputs of the graph
+            self.step = torch.compile(model, dynamic=False, options=DECODE_OPTIONS)
 
     def stream(self, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,
                generator: torch.Generator | None = None) -> Generator[torch.Tensor, None, None]:
@@ -63,11 +73,17 @@ class Decoder:
 
 
 @contextlib.contextmanager
-def decoding(model: GPT, compile: bool = False) -> Iterator[Decoder]:
+def decoding(model: GPT, compile: bool | str = False) -> Iterator[Decoder]:
     """The model made fast for decoding while inside (see the module docstring); plain again on leaving.
     compile=True compiles the step with torch.compile (the first step compiles: about a minute on two
-    cores, cached on disk after; needs a C++ compiler on a CPU)."""
-    if compile and model.device.type == "cpu":
+    cores, cached on disk after; needs a C++ compiler on a CPU). compile="aot": the one-token step compiled
+    ahead of time by AOTInductor (aot.py: built once per model shape, a few minutes; later processes only
+    load it: no guards, no Python between kernels, no compiler in memory)."""
+    if compile not in COMPILERS:
+        raise UserError(f"compile must be one of {', '.join(map(repr, COMPILERS))}, got {compile!r}")
+    if compile == "aot" and model.device.type != "cpu":
+        raise UserError(f"compile='aot' builds a CPU decoding step; the model is on {model.device}: use compile=True")
+    if compile is True and model.device.type == "cpu":
         check_cpp_compiler("decode without compiling")
     fast_linears(model)
     one_query_attention(model)
@@ -80,7 +96,7 @@ def decoding(model: GPT, compile: bool = False) -> Iterator[Decoder]:
 
 
 def stream(model: GPT, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,
-           generator: torch.Generator | None = None, compile: bool = False) -> Iterator[torch.Tensor]:
+           generator: torch.Generator | None = None, compile: bool | str = False) -> Iterator[torch.Tensor]:
     """lumen.decode.stream, fast: the tokens (B,) one step at a time (see `decoding`)."""
     with decoding(model, compile) as decoder:
         yield from decoder.stream(idx, max_new_tokens, sampling, generator)
@@ -88,7 +104,7 @@ def stream(model: GPT, idx: torch.Tensor, max_new_tokens: int, sampling: Samplin
 
 def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             compile: bool = False) -> torch.Tensor:
+             compile: bool | str = False) -> torch.Tensor:
     """lumen.decode.generate, fast (see `decoding`): (B, T + max_new_tokens)."""
     with decoding(model, compile) as decoder:
         return decoder.generate(idx, max_new_tokens, temperature, top_k, top_p, generator)

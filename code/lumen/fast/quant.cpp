@@ -11,6 +11,7 @@
 // in torch: the reference these kernels are tested against, and what runs where they do not build.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
@@ -167,3 +168,15 @@ at::Tensor blocks_row(const at::Tensor& x, const at::Tensor& codes, const at::Te
 
 // the schema is quant.py's (torch.library.define); this file gives it a CPU kernel
 TORCH_LIBRARY_IMPL(lumen, CPU, m) { m.impl("blocks_row", &blocks_row); }
+
+// The same kernel as a C function, the form an AOTInductor package calls directly (lumen/fast/aot.py), without
+// the dispatcher's boxed call per product: tensors come as handles, the absent minimum as a null pointer.
+extern "C" AOTITorchError aoti_torch_cpu_blocks_row(AtenTensorHandle x, AtenTensorHandle codes, AtenTensorHandle scale,
+                                                    AtenTensorHandle* minimum, AtenTensorHandle* ret0) {
+  using namespace torch::aot_inductor;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    at::Tensor y = blocks_row(*tensor_handle_to_tensor_pointer(x), *tensor_handle_to_tensor_pointer(codes),
+                              *tensor_handle_to_tensor_pointer(scale), pointer_to_optional<at::Tensor>(minimum));
+    *ret0 = new_tensor_handle(std::move(y));
+  });
+}

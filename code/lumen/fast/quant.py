@@ -22,7 +22,9 @@ at a time: those logits are the dequantized float32 model's (`lumen.formats.load
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import os
 import platform
 import shutil
 import sys
@@ -88,9 +90,12 @@ def _load_kernels(source: Path = SOURCE) -> bool:
             with tempfile.TemporaryDirectory(dir=lib.parent) as build, atomic_path(lib) as out:
                 load("lumen_quant", [str(source)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
                      build_directory=build, is_python_module=False)  # (and loads it)
-                shutil.copyfile(next(Path(build).glob("lumen_quant*.so")), out)  # (torch may add _v1 ...)
+                built = next(Path(build).glob("lumen_quant*.so"))  # (torch may add _v1 ...)
+                shutil.copyfile(built, out)
+                _global(built)
         else:
             torch.ops.load_library(str(lib))
+            _global(lib)
     except Exception as e:  # no kernels is slower, not wrong: say why once and go on with torch's formula
         lines = str(e).strip().splitlines() or [type(e).__name__]
         why = next((line for line in lines if "error:" in line), lines[-1]).strip()[:200]  # the compiler's
@@ -98,6 +103,12 @@ def _load_kernels(source: Path = SOURCE) -> bool:
               "(the same arithmetic, slower)", file=sys.stderr)
         return False
     return True
+
+
+def _global(lib: Path) -> None:
+    """The loaded kernels' symbols made visible to libraries loaded after them: an AOTInductor package
+    (aot.py) calls quant.cpp's C function by its name."""
+    ctypes.CDLL(str(lib), mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)  # (the library already loaded, promoted)
 
 
 @torch.library.custom_op("lumen::stored", mutates_args=())
@@ -152,9 +163,9 @@ class Blocks(nn.Module):
     def dequantized(self, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """The float32 matrix w = d q (+ m), as llama.cpp (and the gguf package) compute it: those rows (a
         slice, or a tensor of row indices: (*idx.shape, in))."""
-        w = self.block_codes(rows).float() * self.scale[rows][..., None]
+        w = self.block_codes(rows).float().mul_(self.scale[rows][..., None])  # (in place: one buffer of rows)
         if self.minimum is not None:
-            w = w + self.minimum[rows][..., None]
+            w.add_(self.minimum[rows][..., None])
         return w.flatten(-2)
 
     def row_product(self, x: torch.Tensor) -> torch.Tensor:

@@ -455,6 +455,7 @@ def read_gguf(path: str | Path, blocks: bool = False) -> Weights:
             if kept is None:
                 w = torch.from_numpy(dequantize(t))
                 out.state[name] = unpermute(w, heads) if heads else w
+                release(reader)
                 continue
             codes, scale, minimum = kept
             if not torch.isfinite(scale).all() or (minimum is not None and not torch.isfinite(minimum).all()):
@@ -464,7 +465,17 @@ def read_gguf(path: str | Path, blocks: bool = False) -> Weights:
                 codes, scale = unpermute(codes, heads), unpermute(scale, heads)
                 minimum = unpermute(minimum, heads) if minimum is not None else None
             out.blocks[name] = (codes, scale, minimum)
+            release(reader)
     return out
+
+
+def release(reader: GGUFReader) -> None:
+    """Drop the file's pages from this process's memory: every tensor read so far is a copy, and the pages of
+    a read-only mapping come back from the file if touched again. Otherwise the whole file is resident at
+    the end of the read, on top of the copies (~94 MiB more peak memory for SmolLM2's GGUF)."""
+    mapped = getattr(reader.data, "_mmap", None)  # numpy's memmap keeps its mmap.mmap here
+    if isinstance(mapped, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,157 @@
+"""A decoding step compiled ahead of time (AOTInductor): one token through the model and its KV cache, as a
+C++ library built once and loaded from disk, with no Python between its kernels.
+
+torch.compile's step (`decoding(model, compile=True)`) is a graph called from Python: every token, dynamo
+checks its guards and the graph's Python wrapper calls each kernel. Here the same step is exported once
+(torch.export: the model's forward for one token, the cache's keys, values and length as inputs it writes in
+place) and compiled by AOTInductor into a package under the lumen cache. A later process only loads it: no
+tracing, no compiler in memory. The package holds code, not weights: it reads the model's own tensors
+(`load_constants`, user-managed), so it is keyed by the model's shape, not its values: two checkpoints of
+one architecture share it.
+
+    >>> with decoding(model, compile="aot") as decoder:        # doctest: +SKIP
+    ...     ids = decoder.generate(idx, 64, temperature=0)
+
+The tokens are lumen.decode's (the same loop, the same `Sampling`); a step's numbers are torch.compile's
+kernels' to float32 rounding. A GGUF's block products stay the custom op they are (quant.cpp's
+`lumen::blocks_row`), called from the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..attention import KVCache, LayerCache
+from ..compiling import check_cpp_compiler
+from ..fetch import cache_dir
+from ..files import atomic_path
+from ..model import GPT
+from .decoding import DECODE_OPTIONS
+from .quant import Blocks, kernels
+
+# lumen's sources that a step's code follows from: a change to any of them compiles a new package
+SOURCES = ("model.py", "attention.py", "block.py", "config.py", "fast/attention.py", "fast/packing.py",
+           "fast/quant.py", "fast/quant.cpp", "fast/aot.py")
+
+
+class OneTokenStep(nn.Module):
+    """The model's forward for one token per row with a KV cache, written with tensors only (what
+    torch.export takes): logits (B, 1, vocab); keys[i], values[i] (B, h_kv, slots, hd) get the token's key
+    and value at slot `length`, and length (a 0-dim tensor) grows by one, in place."""
+
+    def __init__(self, model: GPT):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, length: torch.Tensor, keys: list[torch.Tensor],
+                values: list[torch.Tensor]) -> torch.Tensor:
+        cache = KVCache.__new__(KVCache)  # the cache's tensors, as KVCache holds them
+        cache.length, cache.padding = length, None
+        cache.layers = [LayerCache(k, v, length) for k, v in zip(keys, values)]
+        logits, _ = self.model(idx, cache=cache)
+        return logits
+
+
+# quant.cpp's block product as a C function: the package calls it directly (no boxed call through the dispatcher)
+BLOCKS_ROW = ("AOTITorchError aoti_torch_cpu_blocks_row(AtenTensorHandle x, AtenTensorHandle codes, "
+              "AtenTensorHandle scale, AtenTensorHandle* minimum, AtenTensorHandle* ret0)")
+
+
+def options(model: GPT) -> dict:
+    """AOTInductor's settings: the door's compile options; the thread count read when the step runs (so one
+    package serves every count the thread tuner tries); the weights left out of the package (the step
+    reads the model's own); each kernel a profiler event or not, as inductor is set (bench/profile_decode.py)."""
+    from torch._inductor import config
+
+    blocks = any(isinstance(m, Blocks) for m in model.modules()) and kernels()
+    shims = {torch.ops.lumen.blocks_row.default: [BLOCKS_ROW]} if blocks else {}
+    return {**DECODE_OPTIONS, "cpp.dynamic_threads": True, "aot_inductor.package_constants_in_so": False,
+            "aot_inductor.custom_ops_to_c_shims": shims, "cpp.enable_kernel_profile": config.cpp.enable_kernel_profile}
+
+
+def package_path(model: GPT, batch: int, slots: int) -> Path:
+    """Where the step of this model's shape, batch and cache size is kept: keyed by everything its code
+    follows from (the modules and their tensors' shapes, lumen's sources, torch's version, the CPU)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((root / name).read_bytes())
+    tensors = [(n, tuple(t.shape), str(t.dtype)) for n, t in _tensors(OneTokenStep(model)).items()]
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = next((line for line in cpu.splitlines() if line.startswith("flags")), "")
+    for part in (repr(model), repr(model.cfg), repr(tensors), f"{batch} {slots}", torch.__version__, flags,
+                 repr(sorted(options(model).items()))):
+        h.update(part.encode())
+    return cache_dir() / "steps" / f"step-{h.hexdigest()[:16]}.pt2"
+
+
+def _tensors(step: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by its full name, a tied or shared one under each of its names (the
+    package asks for constants by those names)."""
+    named = [*step.named_parameters(remove_duplicate=False), *step.named_buffers(remove_duplicate=False)]
+    return {n: t.detach() for n, t in named if t is not None}
+
+
+def _example(model: GPT, batch: int, slots: int) -> tuple:
+    cache = KVCache(model.cfg, batch, slots, model.device, model.dtype)
+    return (torch.zeros(batch, 1, dtype=torch.long, device=model.device), cache.length,
+            [layer.k for layer in cache.layers], [layer.v for layer in cache.layers])
+
+
+def build(model: GPT, batch: int, slots: int, path: Path) -> None:
+    """Export the one-token step and compile it into a package at path (minutes on two cores)."""
+    from torch._inductor import aoti_compile_and_package
+
+    check_cpp_compiler("decode without compile='aot'")
+
+    print(f"lumen: compiling the decoding step ahead of time (once for this model's shape; {path.parent})",
+          file=sys.stderr)
+    with torch.no_grad():
+        program = torch.export.export(OneTokenStep(model), _example(model, batch, slots), strict=False)
+    with tempfile.TemporaryDirectory() as tmp, atomic_path(path) as out:
+        built = aoti_compile_and_package(program, package_path=str(Path(tmp) / "step.pt2"),
+                                         inductor_configs=options(model))
+        shutil.copyfile(built, out)
+
+
+class AOTStep:
+    """A decoding step as lumen.decode.stream calls it, `step(idx, cache=cache)`: a one-token step with a
+    cache runs the package of its batch and cache size (built the first time, then only loaded); anything
+    else (a prompt, a padded batch, a re-read window) runs the model as it is."""
+
+    def __init__(self, model: GPT):
+        self.model = model
+        self.weights = _tensors(OneTokenStep(model))  # held here: the packages keep pointers to them
+        self.packages: dict[tuple[int, int], torch._C._aoti.AOTIModelPackageLoader] = {}
+
+    def package(self, batch: int, slots: int) -> torch._C._aoti.AOTIModelPackageLoader:
+        """The loaded step for this batch and cache size, built first if no process built it before."""
+        if (batch, slots) not in self.packages:
+            path = package_path(self.model, batch, slots)
+            if not path.exists():
+                build(self.model, batch, slots, path)
+            # (the loader itself, not torch._inductor's wrapper around it: a decoding process that only
+            # loads the package never imports the compiler)
+            loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+            wanted = loader.get_constant_fqns()
+            # (constants, not a buffer of the run; every one given; user-managed: the model's tensors, no copy)
+            loader.load_constants({n: self.weights[n] for n in wanted}, False, True, True, False)
+            self.packages[batch, slots] = loader
+        return self.packages[batch, slots]
+
+    def __call__(self, idx: torch.Tensor, cache: KVCache | None = None,
+                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if cache is None or mask is not None or cache.padding is not None or idx.size(1) != 1:
+            return self.model(idx, cache=cache, mask=mask)
+        cache.check_room(1)
+        step = self.package(idx.size(0), cache.slots)
+        inputs = [idx, cache.length, *(layer.k for layer in cache.layers), *(layer.v for layer in cache.layers)]
+        (logits,) = step.boxed_run(inputs)
+        return logits, None

@@ -1,0 +1,104 @@
+"""The decoding step compiled ahead of time (`lumen.fast.decoding(model, compile="aot")`, fast/aot.py): its
+greedy tokens are the plain path's (lumen.decode), past the context too; its package holds code, not weights
+(a second model of the same shape shares it and decodes its own tokens; a second loader only loads it); from
+a GGUF's blocks it decodes as the block path does (the tolerances of tests/test_quant.py's block tests)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lumen import GPT, ModelConfig, fast
+from lumen.attention import KVCache
+from lumen.decode import generate
+from lumen.errors import UserError
+from lumen.fast import aot
+
+# RoPE, grouped-query heads, SwiGLU, RMSNorm: SmolLM2's family, small
+TINY = ModelConfig.from_name("baby-llama").replace(vocab_size=97, context=40, d_model=64, n_layers=2, n_heads=4,
+                                                   n_kv_heads=2, d_ff=128)
+
+
+def tiny(seed: int) -> GPT:
+    """A random model whose logits are far from ties (weights larger than the init's), so greedy tokens do
+    not hinge on rounding."""
+    torch.manual_seed(seed)
+    model = GPT(TINY).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    return model
+
+
+def test_aot_is_chosen_by_name_and_a_prompt_runs_the_model_as_it_is(monkeypatch):
+    model, idx = tiny(0), torch.tensor([[1, 2, 3, 4]])
+    with pytest.raises(UserError, match="compile must be one of False, True, 'aot', got 'jit'"):
+        with fast.decoding(model, compile="jit"):
+            pass
+    monkeypatch.setattr(aot, "build", lambda *a: pytest.fail("a prompt needs no package"))
+    with torch.inference_mode(), fast.decoding(model, compile="aot") as decoder:
+        cache = KVCache(model.cfg, 1, 16)
+        logits, _ = decoder.step(idx, cache=cache)
+        assert cache.n == 4
+    with torch.inference_mode():
+        torch.testing.assert_close(logits, model(idx)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_aot_decodes_the_plain_greedy_tokens_and_its_package_holds_no_weights(tmp_path, monkeypatch, cpp_compiler):
+    """Greedy decoding through the package equals lumen.decode's, 60 tokens past a 40-token context (the
+    window re-read by the model itself); another model of the same shape finds the same package and decodes
+    its own weights' tokens; a second loader (as a later process) builds nothing and gives the same logits,
+    bit for bit."""
+    monkeypatch.setenv("LUMEN_CACHE", str(tmp_path / "cache"))
+    idx = torch.tensor([[5, 17, 3, 42]])
+    first, second = tiny(0), tiny(1)
+    with torch.inference_mode():
+        want = [generate(m, idx, 60, temperature=0) for m in (first, second)]
+    assert not torch.equal(want[0], want[1])  # (the two models decode differently)
+    for model, tokens in zip((first, second), want):
+        assert torch.equal(fast.generate(model, idx, 60, temperature=0, compile="aot"), tokens)
+    assert len(list((tmp_path / "cache" / "steps").glob("*.pt2"))) == 1  # one shape, one package
+
+    monkeypatch.setattr(aot, "build", lambda *a: pytest.fail("the package exists: nothing to build"))
+    with torch.inference_mode(), fast.decoding(first, compile="aot") as decoder:
+        again = aot.AOTStep(first)
+        caches = [KVCache(first.cfg, 1, first.cfg.context) for _ in range(3)]  # (the slots generate used)
+        for c in caches:
+            first(idx, cache=c)
+        for t in (7, 11, 2):
+            x = torch.tensor([[t]])
+            ours, theirs, plain = decoder.step(x, cache=caches[0]), again(x, cache=caches[1]), first(x, cache=caches[2])
+            assert torch.equal(ours[0], theirs[0]) and caches[0].n == caches[1].n == caches[2].n
+            torch.testing.assert_close(ours[0], plain[0], rtol=1e-5, atol=1e-5)
+        for a, b in zip(caches[0].layers, caches[2].layers):  # the keys and values it wrote in place
+            torch.testing.assert_close(a.k, b.k, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(a.v, b.v, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_smollm2_from_its_blocks_decodes_through_the_package_as_the_block_path(smollm2, smollm2_tokenizer,
+                                                                               cpp_compiler):
+    """SmolLM2's Q4_1 file kept as blocks, decoded through the package (quant.cpp's product called as a C
+    function): along the float model's greedy continuation, each step's distribution within a mean KL of
+    0.03 nats of the float model's and the same top token at >= 85% of 48 steps (test_quant.py's bounds for
+    the block path), and the first 4 greedy tokens the float model's."""
+    from lumen.fast import load_blocks
+
+    model = load_blocks("smollm2").model
+    ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is")])
+    with torch.inference_mode():
+        want = smollm2.generate(ids, 48, temperature=0)
+        reference = smollm2(want)[0][0, ids.size(1) - 1:-1].log_softmax(-1)
+        with fast.decoding(model, compile="aot") as decoder:
+            cache = KVCache(model.cfg, 1, 256)
+            steps = [model(ids, cache=cache)[0][0, -1]]
+            for t in want[0, ids.size(1):-1]:
+                steps.append(decoder.step(t.view(1, 1), cache=cache)[0][0, -1])
+        got = torch.stack(steps).log_softmax(-1)
+        kl = (reference.exp() * (reference - got)).sum(-1)
+        assert float(kl.mean()) < 0.03
+        assert float((got.argmax(-1) == reference.argmax(-1)).float().mean()) >= 0.85
+    tokens = fast.generate(model, ids, 8, temperature=0, compile="aot")
+    assert torch.equal(tokens[:, : ids.size(1) + 4], want[:, : ids.size(1) + 4])
