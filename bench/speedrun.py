@@ -83,7 +83,7 @@ def main() -> None:
                    "seconds": s["wall_time"], "tokens_per_s": s["tokens_per_s"], "nats_per_char": held_out(out),
                    "run_nats_per_char": s["val_loss_per_char"], "time_to_milestone": first and first["time"],
                    "evals": run["evals"], "load": [before, load_average()]}
-            rec["rows"].append(row)
+            rec["rows"] = sorted([*rec["rows"], row], key=lambda r: r["row"])  # (rows may run in any order)
             print(f"row {i}: {what}: {row['nats_per_char']:.4f} nats/char held out, {row['seconds']:.0f} s, "
                   f"{MILESTONE} at {row['time_to_milestone']} s", file=sys.stderr)
 
