@@ -180,15 +180,18 @@ def speedrun(r: dict[str, Any]) -> str:
     for x in r["rows"]:
         gain = "" if before is None else f"{x['nats_per_char'] - before:+.3f}"
         at = x["time_to_milestone"]
+        steps_only = f" ({x['step_seconds']:.0f} s)" if "step_seconds" in x else ""
         rows.append([str(x["row"]), x["what"], " ".join(f"`{s}`" for s in x["sets"]) or "(none)",
-                     f"{x['steps']:,}", f"{x['tokens'] / 1e6:.1f}M", f"{x['seconds']:.0f} s",
+                     f"{x['steps']:,}", f"{x['tokens'] / 1e6:.1f}M",
+                     f"{x['seconds']:.0f} s{steps_only}",
                      "" if at is None else f"{at:.0f} s", f"{x['nats_per_char']:.3f}", gain])
         before = x["nats_per_char"]
     return (f"Each row is the one above it with one change, trained from scratch in its own process (the "
             f"`--set`s turn today's preset into that row); the score is every token of the five held-out works, "
             f"nats per character, by the evaluator nanoGPT's row is scored by. Goal: <= {r['goal']:.2f} within "
-            f"{r['budget']:.0f} s of training (compiling and evaluations included); \"{r['milestone']:.2f} at\" is "
-            f"the run's clock at its first evaluation at or below {r['milestone']:.2f}.\n\n"
+            f"{r['budget']:.0f} s of training. The time is the run's, start to end (compiling, the evaluations and "
+            f"samples every 500 steps included), and in brackets the optimizer steps' own; \"{r['milestone']:.2f} at\" "
+            f"is the run's clock at its first evaluation at or below {r['milestone']:.2f}.\n\n"
             + table(["row", "change", "settings", "steps", "tokens", "training time", f"{r['milestone']:.2f} at",
                      "held-out nats/char", "gain"], rows))
 

@@ -126,7 +126,8 @@ def quick(argv: tuple) -> bool:
     if argv[:1] == ("lens",):
         return "--tuned" not in argv
     if argv[:1] == ("generate",):
-        return "--compile" not in argv and not argv[1].startswith("runs/")   # a run needs `lumen train` first
+        compiles = {"--compile", "--aot"} & set(argv)
+        return not compiles and not argv[1].startswith("runs/")   # a run needs `lumen train` first
     return False
 
 

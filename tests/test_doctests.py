@@ -44,6 +44,7 @@ NOT_RUN = {
     "lumen.data": "the Shakespeare corpus",
     "lumen.experiments": "an experiment takes minutes",
     "lumen.experiments.fit": "the Shakespeare corpus",
+    "lumen.fast.aot": "AOTInductor builds a package (minutes)",
     "lumen.fetch": "a download",
     "lumen.files": "writes into the working directory",
     "lumen.formats": "SmolLM2",
