@@ -11,25 +11,18 @@ import math
 import pytest
 import torch
 
-from helpers.models import peaked_tiny_model
-from helpers.runs import TEXT
+from helpers.runs import PAIRS, peaked_run
 from lumen.cli import main
 from lumen.formats import load
-from lumen.formats.checkpoint import save_checkpoint
 from lumen.inspect import attribution_patching, logit_diff, patching_maps
 
-PAIRS = [("It is the east", "It is the west", "e", "a"), ("Juliet", "Romeo.", " ", "s"),
-         ("the sun", "the moo", ".", "n")]
 KINDS = ["resid_pre", "attn_out", "head"]
 TOL = 2e-5   # the JSON's 6 decimals, and float32 rounding between a padded batch and a pair alone
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("patch_methods")
-    model, tok = peaked_tiny_model(TEXT)
-    save_checkpoint(root / "run", model, tokenizer=tok)
-    return root / "run"
+    return peaked_run(tmp_path_factory.mktemp("patch_methods"))
 
 
 @pytest.fixture(scope="module")

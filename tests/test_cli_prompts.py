@@ -11,27 +11,19 @@ import re
 import pytest
 import torch
 
-from helpers.models import peaked_tiny_model
-from helpers.runs import TEXT
+from helpers.runs import PAIRS, TEXT, peaked_run
 from lumen.cli import main
-from lumen.formats.checkpoint import save_checkpoint
 from lumen.tokenizers import CharTokenizer
 
 # prompts of different lengths (so the batches pad), answers one character each (the tokenizer's tokens)
 PROMPTS = [("It is the east", "e", "a"), ("Juliet is the sun", " ", "s"), ("ROMEO", ".", "R"),
            ("But soft, what light", " ", "t")]
-PAIRS = [("It is the east", "It is the west", "e", "a"), ("Juliet", "Romeo.", " ", "s"),
-         ("the sun", "the moo", ".", "n")]
 TOL = 2e-5   # the JSON's 6 decimals, and float32 rounding between a padded batch and a prompt alone
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A small character model with peaked predictions (weights scaled up), saved as a lumen checkpoint."""
-    root = tmp_path_factory.mktemp("prompts_cli")
-    model, tok = peaked_tiny_model(TEXT)
-    save_checkpoint(root / "run", model, tokenizer=tok)
-    return root / "run"
+    return peaked_run(tmp_path_factory.mktemp("prompts_cli"))
 
 
 def lumen(capsys, *argv):

@@ -100,7 +100,7 @@ class ThreadTuner:
         self.fresh = False  # the next step is the first at a new count: it recompiles, not counted
         self.idle = idle
         self.idle_mark: tuple[float, float] | None = None  # (wall clock, idle CPU-seconds) when a group ended
-        self.idle_wait = self.idle_after = trial_steps  # steps before an idle core may start a trial
+        self.idle_wait = trial_steps  # steps before an idle core may start a trial
         self.idle_trial = False  # the trial under way was started by an idle core
         if len(self.choices) > 1:
             self._start_trial()
@@ -178,7 +178,7 @@ class ThreadTuner:
         if self.idle_trial and self.chosen == before:  # the idle core did not help: wait longer next time
             self.idle_wait = min(2 * self.idle_wait, self.every)
         elif self.chosen != before:
-            self.idle_wait = self.idle_after
+            self.idle_wait = self.trial_steps
         self.idle_trial = False
         self.reference = medians[self.chosen]
         self.recent, self.since = [], 0

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import torch
 
+from helpers.models import peaked_tiny_model
 from lumen import GPT, ModelConfig
 from lumen.formats.checkpoint import save_checkpoint
 from lumen.tokenizers import CharTokenizer
 
 TEXT = ("ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
         "Arise, fair sun, and kill the envious moon,\nWho is already sick and pale with grief.\n") * 6
+# (clean, corrupt, answer, wrong) pairs of TEXT's characters, of different lengths (so the batches pad)
+PAIRS = [("It is the east", "It is the west", "e", "a"), ("Juliet", "Romeo.", " ", "s"),
+         ("the sun", "the moo", ".", "n")]
 
 
 def tiny_run(root):
@@ -22,3 +26,10 @@ def tiny_run(root):
     (root / "corpus" / "a.txt").write_text(TEXT)
     (root / "corpus" / "b.txt").write_text(TEXT[::-1])  # held out: the last document
     return root
+
+
+def peaked_run(root):
+    """helpers.models' peaked tiny model on TEXT, saved as a lumen checkpoint (root/run)."""
+    model, tok = peaked_tiny_model(TEXT)
+    save_checkpoint(root / "run", model, tokenizer=tok)
+    return root / "run"

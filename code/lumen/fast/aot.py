@@ -34,7 +34,7 @@ from ..fetch import cache_dir
 from ..files import atomic_path
 from ..model import GPT
 from .decoding import DECODE_OPTIONS
-from .quant import Blocks, kernels
+from .quant import Blocks, cpu_flags, kernels
 
 # lumen's sources that a step's code follows from: a change to any of them compiles a new package
 SOURCES = ("model.py", "attention.py", "block.py", "config.py", "fast/attention.py", "fast/packing.py",
@@ -84,9 +84,7 @@ def package_path(model: GPT, batch: int, slots: int) -> Path:
     for name in SOURCES:
         h.update((root / name).read_bytes())
     tensors = [(n, tuple(t.shape), str(t.dtype)) for n, t in _tensors(OneTokenStep(model)).items()]
-    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    flags = next((line for line in cpu.splitlines() if line.startswith("flags")), "")
-    for part in (repr(model), repr(model.cfg), repr(tensors), f"{batch} {slots}", torch.__version__, flags,
+    for part in (repr(model), repr(model.cfg), repr(tensors), f"{batch} {slots}", torch.__version__, cpu_flags(),
                  repr(sorted(options(model).items()))):
         h.update(part.encode())
     return cache_dir() / "steps" / f"step-{h.hexdigest()[:16]}.pt2"

@@ -69,6 +69,13 @@ SOURCE = Path(__file__).with_name("quant.cpp")
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
+def cpu_flags() -> str:
+    """The CPU's instruction-set flags (Linux's /proc/cpuinfo; the processor's name elsewhere): what code built
+    with -march=native follows from."""
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
+    return next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
+
+
 def _load_kernels(source: Path = SOURCE) -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
@@ -76,10 +83,8 @@ def _load_kernels(source: Path = SOURCE) -> bool:
         print("lumen: no C++ compiler or ninja to build the block kernels (apt-get install g++ ninja-build); "
               "decoding from blocks uses torch's formula (the same arithmetic, slower)", file=sys.stderr)
         return False
-    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
-    flags = next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
     key = hashlib.sha256(source.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()
-                         + flags.encode()).hexdigest()[:16]
+                         + cpu_flags().encode()).hexdigest()[:16]
     lib = cache_dir() / "kernels" / f"lumen_quant-{key}.so"
     try:
         if not lib.exists():

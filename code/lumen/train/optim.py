@@ -23,9 +23,13 @@ SCHEDULES = ("cosine", "wsd")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """decay_groups of the model's trainable parameters (a tied matrix appears once)."""
+    return decay_groups([p for p in model.parameters() if p.requires_grad], weight_decay)
+
+
+def decay_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict]:
     """Two groups: matrices (linear weights, embeddings) decay toward zero; vectors (biases, norm gains)
     do not, since shrinking a gain or a bias is not a simpler model, only a differently scaled one."""
-    params = [p for p in model.parameters() if p.requires_grad]  # a tied matrix appears once
     return [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -81,12 +85,10 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tupl
         raise ValueError("optimizer = \"muon\" needs a model with blocks of 2-D weights")
     taken = {id(p) for p in hidden}
     rest = [p for _, p in named if id(p) not in taken]
-    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
-                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
-                              lr=lr, betas=betas, fused=True)
-    # "match_rms_adamw" would reuse AdamW's rate; the original's scale (sqrt of a wide matrix's aspect) keeps
-    # muon_lr the number the Muon literature tunes
-    # weight decay: the same shrink per step as AdamW's matrices get (1 - lr x weight_decay)
+    adamw = torch.optim.AdamW(decay_groups(rest, weight_decay), lr=lr, betas=betas, fused=True)
+    # the original scale (sqrt of a tall matrix's aspect; "match_rms_adamw" would reuse AdamW's rate) keeps
+    # muon_lr the number the Muon literature tunes; weight decay shrinks each matrix per step as AdamW's
+    # matrices shrink (1 - lr x weight_decay)
     muon = torch.optim.Muon(hidden, lr=muon_lr, weight_decay=weight_decay * lr / muon_lr, momentum=momentum,
                             nesterov=True, adjust_lr_fn="original")
     for group in muon.param_groups:
