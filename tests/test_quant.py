@@ -67,6 +67,30 @@ def rounded_reference(x: torch.Tensor, tensor, reference: torch.Tensor) -> torch
     return torch.from_numpy(((d * step) * (np.rint(q) * xq).sum(-1)).sum(-1) + (m * xb.sum(-1)).sum(-1))
 
 
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize(("out", "n"), [(1, 32), (7, 96), (33, 544), (50, 1056)])
+def test_kernels_at_every_count_of_rows_and_blocks(qtype, out, n, cpp_compiler):
+    """quant.cpp walks a matrix two rows and four blocks at a time where the CPU has AVX-512 (one row, two
+    blocks, where it has AVX2), the minima sixteen blocks at a time, and splits rows between threads: odd
+    rows, a last 1-3 blocks and 17 or 33 minima all meet the float64 formula, at one thread and at two."""
+    from lumen.fast import quant
+
+    if not quant.kernels():
+        pytest.skip("quant.cpp does not build here (it needs an x86-64 CPU with AVX2, g++ and ninja)")
+    tensor, reference = quantized_tensor(qtype, out, n, seed=out)
+    blocks = blocks_from_gguf(tensor)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    want = rounded_reference(x, tensor, reference)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            y = torch.ops.lumen.blocks_row(x, blocks.codes, blocks.scale, blocks.minimum)
+            torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("kernels", [True, False], ids=["quant.cpp", "torch"])
 @pytest.mark.parametrize("qtype", TYPES)
 def test_products_equal_their_references(qtype, kernels, cpp_compiler, monkeypatch):

@@ -2,8 +2,8 @@
 
 llama.cpp stores a weight row in blocks of 32 numbers. A Q8_0 block is a scale d (float16) and 32
 signed 8-bit codes q: w = d q. A Q4_1 block is a scale d, a minimum m (float16) and 32 4-bit codes
-q in 0..15 (two to a byte): w = d q + m. A decoded token reads every weight once: ~0.75 bytes per
-weight here (the file's packed codes, plus the block's numbers in float32) against 4 for float32.
+q in 0..15 (two to a byte): w = d q + m. A decoded token reads every weight once: ~0.63 bytes per
+weight here (the file's packed codes and its float16 scales and minima) against 4 for float32.
 
 One row x (a decoded token) is multiplied as llama.cpp multiplies it: x is rounded to 8 bits per block
 of 32 (xq = round(x / dx), dx = max|x| / 127), so that a block's products are integers, summed exactly
@@ -133,8 +133,8 @@ def _(x: torch.Tensor) -> torch.Tensor:
 class Blocks(nn.Module):
     """A (out, in) matrix as the file's blocks: codes as the file holds them (Q8_0: (out, in) int8; Q4_1:
     (out, in / 2) uint8, two to a byte, a block's numbers 0-15 in the low halves of its 16 bytes and 16-31
-    in the high halves), per block a scale and, for Q4_1, a minimum (out, in / 32), in float32 (exact: they
-    are float16 in the file)."""
+    in the high halves), per block a scale and, for Q4_1, a minimum (out, in / 32), in float16 as the file
+    holds them (given in float32, they must be float16 numbers: the file's)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -143,8 +143,8 @@ class Blocks(nn.Module):
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None):
         super().__init__()
         self.register_buffer("codes", codes)
-        self.register_buffer("scale", scale)
-        self.register_buffer("minimum", minimum)
+        self.register_buffer("scale", _half(scale, "scale"))
+        self.register_buffer("minimum", None if minimum is None else _half(minimum, "minimum"))
         kernels()  # built (or found wanting) now, at load time, not while torch.compile traces
 
     @property
@@ -203,6 +203,14 @@ class Blocks(nn.Module):
                 y = y + (self.minimum[rows] * total).sum(-1)
             parts.append(y)
         return torch.cat(parts)
+
+
+def _half(t: torch.Tensor, what: str) -> torch.Tensor:
+    """A block's scale or minimum in float16, the file's own numbers: converting float32 ones loses nothing."""
+    half = t.to(torch.float16)
+    if not torch.equal(half.to(t.dtype), t):
+        raise ValueError(f"a block's {what} must be a float16 number (the file's); got other {t.dtype} values")
+    return half
 
 
 class QuantLinear(nn.Module):
