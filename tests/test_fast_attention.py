@@ -34,6 +34,38 @@ def test_one_query_against_the_plain_path_and_the_fused_kernel(kv_heads):
     torch.testing.assert_close(ours, fused, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(("batch", "kv_heads", "hd"), [(1, 3, 64), (2, 1, 16), (2, 6, 8)])
+def test_the_kernel_reads_only_the_allowed_slots_as_the_plain_path_does(batch, kv_heads, hd, cpp_compiler,
+                                                                       monkeypatch):
+    """attend.cpp (one query over the slots it may see): the chapter's attention to float32 rounding, for a
+    cache's first slots, a sliding window's slots in the middle, and a single slot; and the one-query
+    class takes it where the kernels are loaded, and the fused sums where they are not."""
+    from lumen.fast import quant
+
+    if not quant.kernels():
+        pytest.skip("the speed wing's kernels do not build here (x86-64 with AVX2, g++ and ninja)")
+    torch.manual_seed(hd)
+    attn = MultiHeadAttention(6 * hd, 6, kv_heads, bias=False).eval()
+    q = torch.randn(batch, 6, 1, hd)
+    k, v = torch.randn(batch, kv_heads, 48, hd), torch.randn(batch, kv_heads, 48, hd)
+    slot = torch.arange(48)[None]
+    masks = {"first": slot <= 30, "window": (slot <= 30) & (slot > 22), "one": slot == 0}
+    for name, allowed in masks.items():
+        plain = attn.attend_plain(q, k, v, allowed)
+        got = torch.ops.lumen.attend_one(q, k, v, allowed)
+        torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-6, msg=name)
+        one_query_attention(attn)
+        for kernels in (True, False):
+            monkeypatch.setattr(quant, "_kernels", kernels)
+            torch.testing.assert_close(attn.attend_plain(q, k, v, allowed), plain, rtol=1e-5, atol=1e-6, msg=name)
+        plain_attention(attn)
+    monkeypatch.undo()
+    q[0, 0, 0, 0] = 1e4  # a loud query: the softmax subtracts its largest score first, as torch's does
+    allowed = masks["first"]
+    torch.testing.assert_close(torch.ops.lumen.attend_one(q, k, v, allowed), attn.attend_plain(q, k, v, allowed),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_a_prompt_or_an_extra_mask_takes_the_chapters_path():
     attn = MultiHeadAttention(96, 6, 2, bias=False).eval()
     q, k, v = torch.randn(1, 6, 3, 16), torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16)

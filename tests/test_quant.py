@@ -167,9 +167,9 @@ def test_kernels_that_do_not_build_say_why_and_leave_nothing(tmp_path, monkeypat
     broken = tmp_path / "quant.cpp"
     broken.write_text("#include <torch/library.h>\nthis is not C++;\n")
     monkeypatch.setenv("LUMEN_CACHE", str(tmp_path / "cache"))
-    assert quant._load_kernels(broken) is False
+    assert quant._load_kernels((broken,)) is False
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0].startswith("lumen: building the block kernels")
+    assert err[0].startswith("lumen: building the speed wing's kernels")
     assert len(err) == 2 and "did not build" in err[1] and "torch's formula" in err[1]
     assert not list((tmp_path / "cache" / "kernels").iterdir())
 

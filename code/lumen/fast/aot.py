@@ -34,11 +34,11 @@ from ..fetch import cache_dir
 from ..files import atomic_path
 from ..model import GPT
 from .decoding import DECODE_OPTIONS
-from .quant import Blocks, cpu_flags, kernels
+from .quant import Blocks, cpu_flags, kernels, loaded
 
 # lumen's sources that a step's code follows from: a change to any of them compiles a new package
 SOURCES = ("model.py", "attention.py", "block.py", "config.py", "fast/attention.py", "fast/packing.py",
-           "fast/quant.py", "fast/quant.cpp", "fast/aot.py")
+           "fast/quant.py", "fast/quant.cpp", "fast/attend.cpp", "fast/aot.py")
 
 
 class OneTokenStep(nn.Module):
@@ -59,9 +59,12 @@ class OneTokenStep(nn.Module):
         return logits
 
 
-# quant.cpp's block product as a C function: the package calls it directly (no boxed call through the dispatcher)
+# quant.cpp's block product and attend.cpp's attention as C functions: the package calls them directly (no
+# boxed call through the dispatcher)
 BLOCKS_ROW = ("AOTITorchError aoti_torch_cpu_blocks_row(AtenTensorHandle x, AtenTensorHandle codes, "
               "AtenTensorHandle scale, AtenTensorHandle* minimum, AtenTensorHandle* ret0)")
+ATTEND_ONE = ("AOTITorchError aoti_torch_cpu_attend_one(AtenTensorHandle q, AtenTensorHandle k, "
+              "AtenTensorHandle v, AtenTensorHandle allowed, AtenTensorHandle* ret0)")
 
 
 def options(model: GPT) -> dict:
@@ -72,6 +75,8 @@ def options(model: GPT) -> dict:
 
     blocks = any(isinstance(m, Blocks) for m in model.modules()) and kernels()
     shims = {torch.ops.lumen.blocks_row.default: [BLOCKS_ROW]} if blocks else {}
+    if loaded():  # (one_query_attention's step calls attend.cpp's kernel then)
+        shims[torch.ops.lumen.attend_one.default] = [ATTEND_ONE]
     return {**DECODE_OPTIONS, "cpp.dynamic_threads": True, "aot_inductor.package_constants_in_so": False,
             "aot_inductor.custom_ops_to_c_shims": shims, "cpp.enable_kernel_profile": config.cpp.enable_kernel_profile}
 

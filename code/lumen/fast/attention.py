@@ -4,8 +4,11 @@ The chapter's plain path (lumen.attention) gives every query head its own copy o
 values (`repeat_interleave`): for a decoded token that is a copy of the whole cache, every layer, every step,
 more bytes than the products read. Here the group's query heads share their key head instead: the
 queries (B, h, 1, hd) are viewed as (B, h_kv, group, hd), one small product against each key head's slots
-gives the scores, one against its values the average. The same numbers to float32 rounding (another
-order of the sums); the pattern is not exposed (lumen.inspect reads it from the plain path).
+gives the scores, one against its values the average. Where the speed wing's kernels are loaded (quant.py
+builds them; on a CPU, in float32), attend.cpp does the same over only the slots the query may see
+(`lumen::attend_one`): a compiled step's cache has a fixed number of slots, mostly empty early on. The
+same numbers to float32 rounding (another order of the sums); the pattern is not exposed (lumen.inspect
+reads it from the plain path).
 
     >>> import torch
     >>> from lumen import GPT, ModelConfig
@@ -26,6 +29,14 @@ import torch.nn.functional as F
 
 from ..attention import MultiHeadAttention
 
+# one query (B, h, 1, hd) against a cache's keys and values (B, h_kv, S, hd), over the slots allowed (1, S)
+torch.library.define("lumen::attend_one", "(Tensor q, Tensor k, Tensor v, Tensor allowed) -> Tensor")
+
+
+@torch.library.register_fake("lumen::attend_one")
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(q)
+
 
 class OneQueryAttention(MultiHeadAttention):
     """MultiHeadAttention whose single-query steps share each key head between its group's query heads."""
@@ -34,6 +45,8 @@ class OneQueryAttention(MultiHeadAttention):
         B, h, T, hd = q.shape
         if T != 1 or self.training or allowed is None or allowed.dim() != 2:  # a prompt, or an extra mask
             return super().attend_plain(q, k, v, allowed)
+        if q.device.type == "cpu" and q.dtype == k.dtype == torch.float32 and hd % 8 == 0 and _kernel_loaded():
+            return torch.ops.lumen.attend_one(q, k, v, allowed)
         group = h // self.n_kv_heads
         qg = q.reshape(B, self.n_kv_heads, group, hd)                        # a group's queries side by side
         if torch.compiler.is_compiling():  # products written as sums, which the compiler fuses into loops
@@ -45,6 +58,12 @@ class OneQueryAttention(MultiHeadAttention):
         if torch.compiler.is_compiling():
             return (a.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2).reshape(B, h, 1, hd)
         return (a @ v).reshape(B, h, 1, hd)
+
+
+def _kernel_loaded() -> bool:
+    from .quant import loaded
+
+    return loaded()
 
 
 def one_query_attention(model: nn.Module) -> int:

@@ -16,6 +16,7 @@ rounding.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Generator, Iterator
 
 import torch
@@ -28,6 +29,7 @@ from ..model import GPT
 from ..threads import tuned
 from .attention import one_query_attention, plain_attention
 from .packing import fast_linears, packed, plain_linears
+from .quant import kernels
 
 SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs of nearby lengths share one graph
 # A one-token step is a few hundred kernels, most of them over a few thousand numbers (a norm, a gate, one
@@ -60,8 +62,8 @@ class Decoder:
         """lumen.decode.stream's tokens (B,) one step at a time, through this decoder's step, with the
         thread count tuned as they come."""
         slots = -(-(idx.size(1) + max_new_tokens) // SLOTS) * SLOTS if self.compile else None
-        return tuned(plain_stream(self.model, idx, max_new_tokens, sampling, generator, step=self.step,
-                                  cache_slots=slots))
+        return tuned(frozen(plain_stream(self.model, idx, max_new_tokens, sampling, generator, step=self.step,
+                                         cache_slots=slots)))
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None,
@@ -70,6 +72,17 @@ class Decoder:
         sampling = sampling_for(self.model, temperature=temperature, top_k=top_k, top_p=top_p)
         new = list(self.stream(idx, max_new_tokens, sampling, generator))
         return torch.cat([idx] + [t[:, None] for t in new], dim=1)
+
+
+def frozen(steps: Iterator[torch.Tensor]) -> Generator[torch.Tensor, None, None]:
+    """steps, with every Python object that exists when they start left out of the garbage collector's
+    rounds (gc.freeze) until they end. A step makes a few short-lived objects; with torch and a model
+    loaded there are a million long-lived ones, and each full collection that those few trigger walks them all."""
+    gc.freeze()
+    try:
+        yield from steps
+    finally:
+        gc.unfreeze()
 
 
 @contextlib.contextmanager
@@ -85,6 +98,8 @@ def decoding(model: GPT, compile: bool | str = False) -> Iterator[Decoder]:
         raise UserError(f"compile='aot' builds a CPU decoding step; the model is on {model.device}: use compile=True")
     if compile is True and model.device.type == "cpu":
         check_cpp_compiler("decode without compiling")
+    if compile and model.device.type == "cpu":
+        kernels()  # the wing's C++ kernels (quant.py): a compiled step's attention reads only the slots it sees
     fast_linears(model)
     one_query_attention(model)
     try:

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from ..fetch import cache_dir
 from ..files import atomic_path
 from ..formats import Loaded, build, read
+from . import attention  # noqa: F401  (defines lumen::attend_one: the library built here holds its kernel too)
 
 BLOCK = 32  # numbers per block, for both types
 SLAB = 4096  # rows dequantized at a time for a product of many rows
@@ -55,15 +56,17 @@ _kernels: bool | None = None  # quant.cpp: not yet tried, built and loaded, or u
 
 
 def kernels() -> bool:
-    """Whether quant.cpp's kernels are loaded: built the first time on this machine (g++ and ninja,
-    -march=native, x86-64 with AVX2; ~10 s) into the lumen cache, keyed by the source, torch's version and the CPU."""
+    """Whether quant.cpp's kernels (and attend.cpp's) are loaded: built the first time on this machine (g++ and
+    ninja, -march=native, x86-64 with AVX2; ~30 s) into the lumen cache, keyed by the sources, torch's version
+    and the CPU."""
     global _kernels
     if _kernels is None:
         _kernels = _load_kernels()
     return _kernels
 
 
-SOURCE = Path(__file__).with_name("quant.cpp")
+# the block products, and one query's attention (attention.py): one library
+SOURCES = (Path(__file__).with_name("quant.cpp"), Path(__file__).with_name("attend.cpp"))
 # OpenMP too: ATen's parallel_for is written in its headers as an OpenMP loop, so a kernel built without it
 # runs every row on one thread whatever torch.set_num_threads says
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
@@ -76,24 +79,25 @@ def cpu_flags() -> str:
     return next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
 
 
-def _load_kernels(source: Path = SOURCE) -> bool:
+def _load_kernels(sources: tuple[Path, ...] = SOURCES) -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     if not (shutil.which("c++") or shutil.which("g++")) or not shutil.which("ninja"):  # what torch builds with
         print("lumen: no C++ compiler or ninja to build the block kernels (apt-get install g++ ninja-build); "
               "decoding from blocks uses torch's formula (the same arithmetic, slower)", file=sys.stderr)
         return False
-    key = hashlib.sha256(source.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()
-                         + cpu_flags().encode()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + " ".join(CFLAGS).encode()
+                         + torch.__version__.encode() + cpu_flags().encode()).hexdigest()[:16]
     lib = cache_dir() / "kernels" / f"lumen_quant-{key}.so"
     try:
         if not lib.exists():
             from torch.utils.cpp_extension import load
 
-            print("lumen: building the block kernels (lumen/quant.cpp; once per machine)", file=sys.stderr)
+            print("lumen: building the speed wing's kernels (lumen/fast/quant.cpp, attend.cpp; once per machine)",
+                  file=sys.stderr)
             lib.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=lib.parent) as build, atomic_path(lib) as out:
-                load("lumen_quant", [str(source)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+                load("lumen_quant", [str(s) for s in sources], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
                      build_directory=build, is_python_module=False)  # (and loads it)
                 built = next(Path(build).glob("lumen_quant*.so"))  # (torch may add _v1 ...)
                 shutil.copyfile(built, out)
@@ -108,6 +112,11 @@ def _load_kernels(source: Path = SOURCE) -> bool:
               "(the same arithmetic, slower)", file=sys.stderr)
         return False
     return True
+
+
+def loaded() -> bool:
+    """Whether the kernels are loaded already (`kernels` tried and succeeded), without building them."""
+    return _kernels is True
 
 
 def _global(lib: Path) -> None:
