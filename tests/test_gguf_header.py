@@ -89,7 +89,7 @@ def test_smollm2_reads_as_the_package(smollm2_gguf):
 
 
 # (peak resident memory of reading the header, over what the process held just before: SmolLM2's vocabulary
-# and merges as the gguf package's reader parses them cost ~200 MiB there; lumen's walk ~40 MiB)
+# and merges as the gguf package's reader parses them, ~100k small arrays, cost twice the bound and more)
 PEAK = """
 import sys
 sys.path.insert(0, sys.argv[2])
@@ -112,3 +112,22 @@ def test_reading_smollm2s_header_takes_little_memory(smollm2_gguf):
                          text=True, check=True)
     peak = json.loads(out.stdout.strip().splitlines()[-1])
     assert peak < 100, f"reading the header raised the peak by {peak:.0f} MiB"
+
+
+# (a child process: this one has imported the compiler long ago)
+NO_COMPILER = """
+import sys
+from lumen.fast import load_blocks
+from lumen.formats import load
+load(sys.argv[1]), load_blocks(sys.argv[1])
+print([m for m in ("torch._dynamo", "torch._inductor", "sympy") if m in sys.modules])
+"""
+
+
+@pytest.mark.slow
+def test_loading_a_gguf_imports_no_compiler(tmp_path):
+    """Building the model (GPT.template: shapes on the meta device, nothing drawn) brings in none of torch's
+    compiler (tens of MiB resident), which a process that decodes from a compiled package never needs."""
+    path = write_gguf(tmp_path / "m.gguf", tiny_model(), types={"blk.0.attn_q.weight": Q.Q8_0})
+    out = subprocess.run([sys.executable, "-c", NO_COMPILER, str(path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

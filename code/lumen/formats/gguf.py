@@ -385,8 +385,7 @@ def check_tensors(file: GGUFFile, cfg: ModelConfig) -> None:
     if blocks != {str(i) for i in range(cfg.n_layers)}:
         raise GGUFError(f"the metadata says {cfg.n_layers} blocks but the tensors belong to blocks "
                         f"{sorted(blocks, key=int)[:8]}; the file is damaged or mislabelled")
-    with torch.device("meta"):
-        want = GPT(cfg).state_dict()
+    want = GPT.template(cfg).state_dict()
     for name, t in names.items():
         shape = tuple(int(n) for n in reversed(t.shape))
         if shape != tuple(want[name].shape):
