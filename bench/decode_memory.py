@@ -5,7 +5,7 @@
 After each step (import torch, import lumen, the GGUF header and tokenizer alone, load_blocks: header,
 blocks and model, the decoding door, the first step: a package loaded or a graph compiled, TOKENS decoded
 tokens), the resident memory now (VmRSS) and the high-water mark so far (VmHWM) in MiB, and whether the
-compiler's Python (torch._dynamo, torch._inductor, sympy: ~65 MiB together) has been imported yet. One
+compiler's Python (torch._dynamo, torch._inductor, sympy) has been imported yet. One
 thread. Prints one line per step. Not a test.
 """
 
