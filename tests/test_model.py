@@ -172,3 +172,18 @@ def test_from_state_refuses_weights_that_do_not_fit(damage):
         cfg = cfg.replace(n_layers=cfg.n_layers + 1)
     with pytest.raises(ModelFileError, match="some/file"):
         GPT.from_state(cfg, state, source="some/file")
+
+
+
+@pytest.mark.parametrize("preset", ["baby-llama", "baby-gpt"])
+def test_a_template_has_the_models_shapes(preset):
+    """GPT.template: every tensor of a built model (parameters, and RoPE's tables that a template does not
+    compute), same name, shape and dtype, on the meta device."""
+    cfg = GPT.from_preset(preset).cfg
+    built, template = GPT(cfg), GPT.template(cfg)
+
+    def shapes(m: GPT) -> dict:
+        return {n: (t.shape, t.dtype) for n, t in [*m.named_parameters(), *m.named_buffers()]}
+
+    assert shapes(template) == shapes(built)
+    assert all(t.is_meta for t in [*template.parameters(), *template.buffers()])

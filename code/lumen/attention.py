@@ -44,6 +44,9 @@ class RoPE(nn.Module):
         """(Re)compute the cos/sin tables: they follow from the shape, so they are never stored
         (a model built on the meta device gets real ones here)."""
         device = device or self.cos.device
+        if torch.device(device).type == "meta":  # a template's: shapes only (torch's meta arange imports its compiler)
+            self.cos, self.sin = torch.empty(2, self.context, self.dims // 2, device=device).unbind()
+            return
         inv_freq = 1.0 / self.theta ** (torch.arange(0, self.dims, 2, dtype=torch.float32, device=device) / self.dims)
         angles = torch.outer(torch.arange(self.context, dtype=torch.float32, device=device), inv_freq)  # (L, hd/2)
         self.cos, self.sin = angles.cos(), angles.sin()

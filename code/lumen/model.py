@@ -187,7 +187,7 @@ class GPT(nn.Module):
         """A model of `cfg` holding `state` (lumen's parameter names), in eval mode: the one way every
         format (checkpoints, Hugging Face, GGUF, a GGUF's quantized blocks) puts weights into a GPT.
 
-        Nothing is initialised and then overwritten: the model is built on the meta device, the tensors
+        Nothing is initialised and then overwritten: the model is built as a `template`, the tensors
         are assigned (moved to `device` and cast to `dtype`, unless None), a tied unembedding is tied
         again, and derived buffers (RoPE's tables) are computed. `parts` are modules that take the place of
         the plain ones at those names (e.g. ``{"blocks.0.attn.q": <a layer of quantized blocks>}``); their
@@ -206,8 +206,7 @@ class GPT(nn.Module):
                 f"{source}: the weights hold {len(blocks)} blocks but the config says n_layers = {cfg.n_layers}; "
                 "the config and the weights belong to different models"
             )
-        with torch.device("meta"):
-            model = cls(cfg)
+        model = cls.template(cfg)
         for name, part in parts.items():
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, part.to(device) if device else part)
@@ -228,6 +227,12 @@ class GPT(nn.Module):
             model.lm_head.weight = model.tok_emb.weight
         model.reset_buffers(model.device)
         return model.eval()
+
+    @classmethod
+    def template(cls, cfg: ModelConfig) -> GPT:
+        """A model of `cfg` as shapes only, on the meta device: no memory, nothing drawn or computed."""
+        with torch.device("meta"), _NoDraws():
+            return cls(cfg)
 
     def reset_buffers(self, device: torch.device | str) -> None:
         """Compute the buffers that follow from the shape (RoPE's tables) on `device`: a model built on the
@@ -282,3 +287,14 @@ def plain_attention(model: GPT, layers: Iterable[int] | None = None) -> Iterator
     finally:
         for a, old in zip(attns, before):
             a.use_sdpa = old
+
+
+class _NoDraws(torch.overrides.TorchFunctionMode):
+    """torch.nn.init's draws left undone (nn.Embedding draws its own N(0, 1) as it is built): a template has no
+    values to draw, and torch draws on the meta device through Python reference kernels whose first call
+    imports its compiler (torch._dynamo, sympy) into a process that may never compile."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))

@@ -377,8 +377,7 @@ def read_sharded_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
     layers = {k.split(".")[2] for k in stored if k.startswith("model.blocks.")}
     if len(layers) != cfg.n_layers:  # before a template of cfg is built: a config claiming 10^9 blocks builds none
         raise CheckpointError(f"{folder} holds {len(layers)} blocks but {CONFIG} says n_layers = {cfg.n_layers}")
-    with torch.device("meta"):
-        template = GPT(cfg).state_dict()
+    template = GPT.template(cfg).state_dict()
     state = {}
     for name, want in template.items():
         if cfg.tie_embeddings and name == "lm_head.weight":

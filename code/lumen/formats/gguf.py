@@ -16,9 +16,11 @@ import contextlib
 import functools
 import math
 import mmap
+import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -30,7 +32,7 @@ from ..tokenizers import HFTokenizer
 from .weights import Weights
 
 if TYPE_CHECKING:
-    from gguf import GGUFReader
+    from gguf import GGMLQuantizationType
 
 # GGUF tensor name (inside block i) -> lumen parameter name
 _BLOCK = {
@@ -67,32 +69,60 @@ class GGUFError(ModelFileError):
 
 # ---------------------------------------------------------------------------------------------
 # the file
-def open_gguf(path: str | Path) -> GGUFReader:
-    """A `gguf.GGUFReader` over the file, after `check_layout` has walked its header."""
-    from gguf import GGUFReader
+class GGUFTensor(NamedTuple):
+    """One tensor of a GGUF file: its name, its type, its dimensions as the file lists them (innermost first),
+    and its bytes, a read-only view of the mapped file: (..., bytes per row)."""
+
+    name: str
+    tensor_type: GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+@dataclass
+class GGUFFile:
+    """A GGUF file as lumen reads it, in one checked pass over its header (`check_layout`'s): the metadata as
+    Python values (strings, numbers, lists), the tensors, and the mapped file they are views of."""
+
+    path: Path
+    meta: dict[str, Any]
+    tensors: list[GGUFTensor]
+    mapped: mmap.mmap
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The file's metadata and tensors, after every check `check_layout` makes."""
+    from gguf import GGML_QUANT_SIZES
 
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"no GGUF file at {path}")
-    check_layout(path)
+    h = _Header(path)
     try:
-        return GGUFReader(path)
-    except Exception as e:  # a backstop: the reader raises bare ValueError/KeyError/struct errors
-        raise GGUFError(
-            f"{path.name} is not a readable GGUF file ({type(e).__name__}: {_first_line(e)}); "
-            "it is truncated or corrupted: download it again"
-        ) from None
+        meta, layout, start = _walk(h, path)
+    except BaseException:
+        _close(h)
+        raise
+    assert isinstance(h.data, mmap.mmap)  # (an empty file has no magic number)
+    tensors = []
+    for name, (kind, dims, offset, n_bytes) in layout.items():
+        block, type_bytes = GGML_QUANT_SIZES[kind]
+        rows = (*reversed(dims[1:]), dims[0] // block * type_bytes)  # a row's blocks are its bytes
+        data = np.frombuffer(h.data, np.uint8, n_bytes, start + offset).reshape(rows)
+        tensors.append(GGUFTensor(name, kind, dims, data))
+    return GGUFFile(path, meta, tensors, h.data)
 
 
-# GGUF value types: byte size of each scalar; 8 is a string (u64 length + bytes), 9 an array
-_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+# GGUF value types: each scalar's little-endian struct format; 8 is a string (u64 length + bytes), 9 an array
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALAR_BYTES = {kind: struct.calcsize(f) for kind, f in _SCALARS.items()}
 _STRING, _ARRAY = 8, 9
 _MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 
 
 class _Header:
     """A cursor over a GGUF file's header: every read is checked against the bytes that are left, so a
-    damaged count or length is an error here, before the gguf package loops over it or allocates for it."""
+    damaged count or length is an error here, before anything loops over it or allocates for it."""
 
     def __init__(self, path: Path):
         self.path, self.pos = path, 0
@@ -127,32 +157,37 @@ class _Header:
         except UnicodeDecodeError:
             raise self.fail(f"{what} is not UTF-8") from None
 
-    def value(self, kind: int, key: str) -> int | None:
-        """Skip over one metadata value; returns it if it is an unsigned integer (for general.alignment)."""
-        if kind in _SCALAR_BYTES:
-            v = self.uint(_SCALAR_BYTES[kind], f"the value of {key}")
-            return v if kind in (4, 10) else None
+    def text(self, key: str) -> str:
+        """A string of metadata `key` (its value or an item of it)."""
+        raw = self.take(self.count(f"the length of a string of {key}", 1), f"a string of {key}")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise GGUFError(f"{self.path.name}: metadata field {key!r} holds bytes that are not UTF-8 text (at byte "
+                            f"{e.start} of a string); the file is corrupted") from None
+
+    def value(self, kind: int, key: str) -> Any:
+        """One metadata value as Python's: a number, a bool, a string or a list of one of these."""
+        if kind in _SCALARS:
+            return struct.unpack(_SCALARS[kind], self.take(_SCALAR_BYTES[kind], f"the value of {key}"))[0]
         if kind == _STRING:
-            self.string(f"the value of {key}")
-        elif kind == _ARRAY:
-            item = self.uint(4, f"the item type of {key}")
-            if item == _ARRAY:  # legal in the spec, but the gguf package cannot read it
-                raise self.fail(f"metadata {key!r} is an array of arrays, which lumen cannot read")
-            if item not in _SCALAR_BYTES and item != _STRING:
-                raise self.fail(f"metadata {key!r} has the unknown item type {item}")
-            n = self.count(f"the length of {key}", _SCALAR_BYTES.get(item, 8))
-            if item == _STRING:  # (not decoded here: metadata() reports an item that is not UTF-8)
-                for _ in range(n):
-                    self.take(self.count(f"the length of an item of {key}", 1), f"an item of {key}")
-            else:
-                self.take(n * _SCALAR_BYTES[item], f"the items of {key}")
-        else:
+            return self.text(key)
+        if kind != _ARRAY:
             raise self.fail(f"metadata {key!r} has the unknown value type {kind}")
-        return None
+        item = self.uint(4, f"the item type of {key}")
+        if item == _ARRAY:  # legal in the spec, but no model's metadata needs it
+            raise self.fail(f"metadata {key!r} is an array of arrays, which lumen cannot read")
+        if item not in _SCALARS and item != _STRING:
+            raise self.fail(f"metadata {key!r} has the unknown item type {item}")
+        n = self.count(f"the length of {key}", _SCALAR_BYTES.get(item, 8))
+        if item == _STRING:
+            return [self.text(key) for _ in range(n)]
+        items = self.take(n * _SCALAR_BYTES[item], f"the items of {key}")
+        return np.frombuffer(items, _SCALARS[item]).tolist()  # (one pass: Python's numbers, no array kept)
 
 
 def check_layout(path: Path) -> None:
-    """Walk a GGUF header before the gguf package reads it, making llama.cpp's checks (and one more): every count
+    """Walk a GGUF header (what `open_gguf` reads), making llama.cpp's checks (and one more): every count
     and length fits in the bytes left (a count is never trusted to size anything), value and tensor types are
     known, names are unique, dimensions are positive and their product stays below 2^63, each tensor's byte size
     follows from its type and shape, and each tensor's offset is exactly where the ones before it end, aligned
@@ -163,11 +198,16 @@ def check_layout(path: Path) -> None:
     try:
         _walk(h, path)
     finally:
-        if isinstance(h.data, mmap.mmap):
-            h.data.close()
+        _close(h)
 
 
-def _walk(h: _Header, path: Path) -> None:
+def _close(h: _Header) -> None:
+    if isinstance(h.data, mmap.mmap):
+        h.data.close()
+
+
+def _walk(h: _Header, path: Path) -> tuple[dict[str, Any], dict[str, tuple], int]:
+    """(metadata, each tensor's (type, dimensions, offset, byte size) by name, where the tensor data starts)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     if h.take(4, "the magic number") != b"GGUF":
@@ -176,15 +216,16 @@ def _walk(h: _Header, path: Path) -> None:
     if version not in (2, 3):
         raise h.fail(f"GGUF version {version} is not one lumen reads (2, 3; big-endian files are not supported)")
     n_tensors, n_kv = h.count("the tensor count", 24), h.count("the metadata count", 13)
-    keys, alignment = set(), 32
+    meta: dict[str, Any] = {}
+    alignment = 32
     for _ in range(n_kv):
         key = h.string("a metadata key")
-        if key in keys:
+        if key in meta:
             raise h.fail(f"metadata key {key!r} appears twice")
-        keys.add(key)
-        v = h.value(h.uint(4, f"the type of {key}"), key)
+        kind = h.uint(4, f"the type of {key}")
+        meta[key] = v = h.value(kind, key)
         if key == "general.alignment":
-            if v is None or v == 0 or v & (v - 1):
+            if kind not in (4, 10) or v == 0 or v & (v - 1):  # a u32 or u64
                 raise h.fail("general.alignment is not a power of two")
             alignment = v
     tensors = {}
@@ -207,10 +248,10 @@ def _walk(h: _Header, path: Path) -> None:
             raise h.fail(f"tensor {name} has dimensions {dims} or offset {offset:,} that do not fit its type")
         if math.prod(dims) >= 2**63:  # ggml counts elements in an int64
             raise h.fail(f"tensor {name}'s dimensions {dims} multiply to 2^63 elements or more")
-        tensors[name] = (offset, math.prod(dims) // block * type_bytes)
+        tensors[name] = (GGMLQuantizationType(kind), tuple(dims), offset, math.prod(dims) // block * type_bytes)
     start = -(-h.pos // alignment) * alignment  # the data section, after the header's padding
     size = 0  # where the next tensor must start: the ones before it, each padded to the alignment
-    for name, (offset, n_bytes) in tensors.items():
+    for name, (_, _, offset, n_bytes) in tensors.items():
         if offset != size:
             raise GGUFError(f"{path.name} is not a readable GGUF file: tensor {name}'s data is at offset {offset:,}, "
                             f"but the tensors before it end at {size:,} (its offset, or the type or shape of a tensor "
@@ -222,20 +263,7 @@ def _walk(h: _Header, path: Path) -> None:
     if tensors and len(h.data) > start + size:
         raise GGUFError(f"{path.name} has {len(h.data) - start - size:,} bytes after its last tensor's: the type or "
                         "shape of a tensor was changed, or data was appended; download or convert it again")
-
-
-def metadata(reader: GGUFReader) -> dict:
-    """The key/value metadata as plain Python values (strings, numbers, lists)."""
-    out = {}
-    for key, field in reader.fields.items():
-        try:
-            out[key] = field.contents()
-        except UnicodeDecodeError as e:  # a string of the file's that is not text
-            raise GGUFError(f"metadata field {key!r} holds bytes that are not UTF-8 text (at byte {e.start} of a "
-                            "string); the file is corrupted") from None
-        except Exception as e:
-            raise GGUFError(f"metadata field {key!r} is unreadable ({_first_line(e)}); the file is corrupted") from None
-    return out
+    return meta, tensors, start
 
 
 def _first_line(e: Exception) -> str:
@@ -342,13 +370,13 @@ def _permuted_heads(name: str, cfg: ModelConfig) -> int | None:
     return None
 
 
-def check_tensors(reader: GGUFReader, cfg: ModelConfig) -> None:
+def check_tensors(file: GGUFFile, cfg: ModelConfig) -> None:
     """The tensors are the ones `cfg` needs: known names, one set per block, shapes as the config says,
     float or quantized types (not integers)."""
     from gguf import GGMLQuantizationType as T
 
     names = {}
-    for t in reader.tensors:
+    for t in file.tensors:
         name = _lumen_name(t.name)
         if name is None:  # e.g. biases, rope_freqs (Llama 3.1 RoPE scaling): a variant lumen cannot hold
             raise GGUFError(f"tensor {t.name} has no place in lumen's Llama model; this variant is not supported")
@@ -357,8 +385,7 @@ def check_tensors(reader: GGUFReader, cfg: ModelConfig) -> None:
     if blocks != {str(i) for i in range(cfg.n_layers)}:
         raise GGUFError(f"the metadata says {cfg.n_layers} blocks but the tensors belong to blocks "
                         f"{sorted(blocks, key=int)[:8]}; the file is damaged or mislabelled")
-    with torch.device("meta"):
-        want = GPT(cfg).state_dict()
+    want = GPT.template(cfg).state_dict()
     for name, t in names.items():
         shape = tuple(int(n) for n in reversed(t.shape))
         if shape != tuple(want[name].shape):
@@ -444,10 +471,10 @@ def read_gguf(path: str | Path, blocks: bool = False) -> Weights:
     GGUFError naming it. blocks=True keeps the Q8_0/Q4_1 matrices as the file's blocks (`stored_blocks`, in
     Weights.blocks: lumen.fast decodes from them) and dequantizes only the rest (the norms)."""
     with naming(path):
-        reader, cfg, tok = read_header(path)
-        check_tensors(reader, cfg)  # names, block count, shapes and types: before anything is dequantized
+        file, cfg, tok = read_header(path)
+        check_tensors(file, cfg)  # names, block count, shapes and types: before anything is dequantized
         out = Weights(cfg, {}, Path(path).name, tok)
-        for t in reader.tensors:
+        for t in file.tensors:
             name = _lumen_name(t.name)
             assert name is not None  # check_tensors has placed every tensor
             heads = _permuted_heads(name, cfg)
@@ -455,7 +482,7 @@ def read_gguf(path: str | Path, blocks: bool = False) -> Weights:
             if kept is None:
                 w = torch.from_numpy(dequantize(t))
                 out.state[name] = unpermute(w, heads) if heads else w
-                release(reader)
+                release(file)
                 continue
             codes, scale, minimum = kept
             if not torch.isfinite(scale).all() or (minimum is not None and not torch.isfinite(minimum).all()):
@@ -465,17 +492,16 @@ def read_gguf(path: str | Path, blocks: bool = False) -> Weights:
                 codes, scale = unpermute(codes, heads), unpermute(scale, heads)
                 minimum = unpermute(minimum, heads) if minimum is not None else None
             out.blocks[name] = (codes, scale, minimum)
-            release(reader)
+            release(file)
     return out
 
 
-def release(reader: GGUFReader) -> None:
+def release(file: GGUFFile) -> None:
     """Drop the file's pages from this process's memory: every tensor read so far is a copy, and the pages of
     a read-only mapping come back from the file if touched again. Otherwise the whole file is resident at
     the end of the read, on top of the copies (~94 MiB more peak memory for SmolLM2's GGUF)."""
-    mapped = getattr(reader.data, "_mmap", None)  # numpy's memmap keeps its mmap.mmap here
-    if isinstance(mapped, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
-        mapped.madvise(mmap.MADV_DONTNEED)
+    if hasattr(mmap, "MADV_DONTNEED"):
+        file.mapped.madvise(mmap.MADV_DONTNEED)
 
 
 @contextlib.contextmanager
@@ -489,18 +515,18 @@ def naming(path: str | Path) -> Iterator[None]:
         raise GGUFError(f"{Path(path).name}: {e}") from None
 
 
-def read_header(path: str | Path) -> tuple[GGUFReader, ModelConfig, HFTokenizer]:
-    """(reader, ModelConfig, tokenizer) from a GGUF file's metadata. The reader's parsed fields are dropped
-    once read: for a large vocabulary they are many small arrays, and the tensors do not need them."""
-    reader = open_gguf(path)
-    meta = metadata(reader)
-    names = {t.name for t in reader.tensors}
+def read_header(path: str | Path) -> tuple[GGUFFile, ModelConfig, HFTokenizer]:
+    """(the file, its ModelConfig, its tokenizer) from a GGUF file's metadata. The metadata is dropped once
+    read: for a large vocabulary it is ~100k strings, and the tensors do not need them."""
+    file = open_gguf(path)
+    meta = file.meta
+    names = {t.name for t in file.tensors}
     title = meta.get("general.name")
     cfg = config_from_gguf(meta, names, name=title if isinstance(title, str) and title else Path(path).stem)
     tok = tokenizer_from_gguf(meta)
     tok.check_fits(cfg.vocab_size, "the tokenizer metadata")
-    reader.fields.clear()
-    return reader, cfg, tok
+    file.meta = {}
+    return file, cfg, tok
 
 
 def stored_blocks(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:

@@ -315,8 +315,7 @@ def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
     """A Hugging Face state dict in lumen's names; raises on missing tensors."""
     fam, keys, out = family(cfg), _key_map(cfg), {}
     hf = _canonical_names(hf, fam)
-    with torch.device("meta"):
-        template = GPT(cfg)
+    template = GPT.template(cfg)
     for name in template.state_dict():
         if name == "lm_head.weight" and cfg.tie_embeddings:
             continue
