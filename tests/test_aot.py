@@ -5,6 +5,10 @@ a GGUF's blocks it decodes as the block path does (the tolerances of tests/test_
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -43,6 +47,40 @@ def test_aot_is_chosen_by_name_and_a_prompt_runs_the_model_as_it_is(monkeypatch)
         assert cache.n == 4
     with torch.inference_mode():
         torch.testing.assert_close(logits, model(idx)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_later_process_only_loads_the_package_and_never_imports_the_compiler(tmp_path, monkeypatch,
+                                                                               cpp_compiler):
+    """Decoding a GGUF's blocks (a tiny file whose matrices are all Q8_0 or Q4_1, as SmolLM2's): once a
+    package exists, a new process decodes the same greedy tokens through it without importing torch's
+    compiler (dynamo and inductor: ~65 MiB of resident memory each time they are imported)."""
+    from gguf import GGMLQuantizationType as Q
+
+    from helpers.gguf import tiny_model, write_gguf
+
+    monkeypatch.setenv("LUMEN_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    matrices = [f"blk.{i}.{m}.weight" for i in range(2) for m in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                                  "ffn_gate", "ffn_up", "ffn_down")]
+    write_gguf(path, tiny_model(), {"token_embd.weight": Q.Q8_0} | {m: Q.Q4_1 for m in matrices})
+    model = fast.load_blocks(str(path)).model
+    idx = torch.tensor([[5, 9, 2, 30]])
+    want = fast.generate(model, idx, 40, temperature=0, compile="aot")[0].tolist()
+    child = f"""
+import sys, torch
+from lumen import fast
+from lumen.fast import aot
+aot.build = None  # (nothing to build: calling it fails)
+model = fast.load_blocks({str(path)!r}).model
+print(fast.generate(model, torch.tensor({idx.tolist()}), 40, temperature=0, compile="aot")[0].tolist())
+print(sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "LUMEN_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    tokens, compiler = out.stdout.strip().splitlines()[-2:]
+    assert tokens == str(want) and compiler == "[]"
 
 
 @pytest.mark.slow

@@ -71,14 +71,15 @@ def options(model: GPT) -> dict:
     """AOTInductor's settings: the door's compile options; the thread count read when the step runs (so one
     package serves every count the thread tuner tries); the weights left out of the package (the step
     reads the model's own); each kernel a profiler event or not, as inductor is set (bench/profile_decode.py)."""
-    from torch._inductor import config
-
+    # (inductor's settings as this process has them; a process that only loads packages never imports it)
+    config = sys.modules.get("torch._inductor.config")
     blocks = any(isinstance(m, Blocks) for m in model.modules()) and kernels()
     shims = {torch.ops.lumen.blocks_row.default: [BLOCKS_ROW]} if blocks else {}
     if loaded():  # (one_query_attention's step calls attend.cpp's kernel then)
         shims[torch.ops.lumen.attend_one.default] = [ATTEND_ONE]
+    profiled = bool(config and config.cpp.enable_kernel_profile)
     return {**DECODE_OPTIONS, "cpp.dynamic_threads": True, "aot_inductor.package_constants_in_so": False,
-            "aot_inductor.custom_ops_to_c_shims": shims, "cpp.enable_kernel_profile": config.cpp.enable_kernel_profile}
+            "aot_inductor.custom_ops_to_c_shims": shims, "cpp.enable_kernel_profile": profiled}
 
 
 def package_path(model: GPT, batch: int, slots: int) -> Path:
