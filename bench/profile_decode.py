@@ -4,12 +4,12 @@ torch.compile's and AOTInductor's (`compile="aot"`), side by side at each thread
 
     .venv/bin/python bench/profile_decode.py [--threads 1,2] [--tokens 32]
 
-Per token: the products (quant.cpp's block kernel), attention (inductor's softmax kernels), the other fused
-elementwise kernels (norms, rotations, residual adds), dynamo's guards (its cache lookup), the compiled
-graph's Python wrapper, and what is left of the wall time (the Python of the loop; for the AOTInductor step,
-its C++ wrapper too). Shares are of the profiled wall time; the profiler itself adds a little to each event.
-The unprofiled time per token is the best of three rounds, the two steps taking turns in each. Results go to
-docs/speed/profile.json. Not a test.
+Per token: the products (quant.cpp's block kernel), attention (attend.cpp's kernel, or inductor's softmax
+kernels), the other fused elementwise kernels (norms, rotations, residual adds), dynamo's guards (its cache
+lookup), the compiled graph's Python wrapper, and what is left of the wall time (the Python of the loop; for
+the AOTInductor step, its C++ wrapper too). Shares are of the profiled wall time; the profiler itself adds a
+little to each event. The unprofiled time per token is the best of three rounds, the two steps taking turns
+in each. Results go to docs/speed/profile.json. Not a test.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def part(name: str) -> str | None:
     """Which part of a token's time a profiler event is (None: an event that only contains others)."""
     if name in ("lumen::blocks_row", "aoti_torch_cpu_blocks_row", "aten::mm", "aten::addmm", "lumen::onednn_linear"):
         return "products"
+    if name in ("lumen::attend_one", "aoti_torch_cpu_attend_one"):
+        return "attention"
     if name.startswith("graph_"):
         return "attention" if "softmax" in name else "elementwise"
     if name == "TorchDynamo Cache Lookup":
