@@ -122,7 +122,8 @@ class Trainer:
             for block in self.raw.blocks:
                 block.compile(options=COMPILE_OPTIONS)
         elif cfg.compile:
-            self.fwd = torch.compile(self.raw, options=COMPILE_OPTIONS)  # type: ignore[assignment]
+            # (static shapes: the batch ramp's second batch size gets its own graph, not one for every size)
+            self.fwd = torch.compile(self.raw, dynamic=False, options=COMPILE_OPTIONS)  # type: ignore[assignment]
         self.ddp = d.active and not self.fsdp
         if self.ddp:
             self.fwd = nn.parallel.DistributedDataParallel(
@@ -155,10 +156,10 @@ class Trainer:
         tuner = ThreadTuner() if not cfg.threads and self.device.type == "cpu" else None  # threads = 0: measured
         with ctrl_c() as interrupted:
             while self.step < cfg.steps:
-                t0 = time.perf_counter()
+                t0, tokens = time.perf_counter(), self.tokens
                 loss, lr, gnorm = self.train_step()
                 dt = time.perf_counter() - t0
-                speed.add(dt)
+                speed.add(dt, self.tokens - tokens)
                 if tuner is not None:
                     tuner.record(dt)
                 if self.step % cfg.log_interval == 0 or self.step == cfg.steps:
@@ -198,8 +199,9 @@ class Trainer:
         cfg, d = self.cfg, self.dist
         lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps, cfg.schedule, cfg.decay)
         set_lr(self.opt, lr)
-        starts = self.data.random_starts("train", self.T, cfg.grad_accum * cfg.batch_size, self.gen)
-        mine = starts.view(cfg.grad_accum, cfg.batch_size)[d.rank * self.micro_steps:(d.rank + 1) * self.micro_steps]
+        batch = cfg.batch_at(self.step)
+        starts = self.data.random_starts("train", self.T, cfg.grad_accum * batch, self.gen)
+        mine = starts.view(cfg.grad_accum, batch)[d.rank * self.micro_steps:(d.rank + 1) * self.micro_steps]
         loss_sum = torch.zeros((), device=self.device)
         for m, window in enumerate(mine):
             x, y = (t.to(self.device, non_blocking=True) for t in self.data.batch("train", window, self.T))
@@ -219,7 +221,7 @@ class Trainer:
         if not math.isfinite(gnorm):
             raise TrainingError(self.bad_loss_message(gnorm, "gradient norm"))
         self.step += 1
-        self.tokens += cfg.windows_per_step * self.T
+        self.tokens += cfg.grad_accum * batch * self.T
         return loss, lr, gnorm
 
     def autocast(self):
