@@ -131,11 +131,3 @@ def test_stacked_muon_takes_torch_muons_steps(ns_steps):
         torch.testing.assert_close(a, b, rtol=0, atol=4 * 0.02 * 2 * 2**-8)
         assert (a - w).abs().max() > 0.01
         torch.testing.assert_close(stacked.state[a]["momentum_buffer"], reference.state[b]["momentum_buffer"])
-
-
-def test_bad_batch_ramps_are_config_errors():
-    with pytest.raises(ConfigError, match="batch_ramp must be from 0 to steps - 1"):
-        TrainConfig(steps=10, batch_ramp=10)
-    with pytest.raises(ConfigError, match="batch_ramp halves batch_size, which is 1"):
-        TrainConfig(batch_size=1, batch_ramp=5)
-    assert [TrainConfig(batch_size=16, batch_ramp=3).batch_at(s) for s in range(5)] == [8, 8, 8, 16, 16]

@@ -239,25 +239,3 @@ def test_a_muon_run_resumes_bit_for_bit_and_keeps_its_clock(tmp_path, data):
         assert torch.equal(a, b), k
     clock = [r["time"] for r in again.evals]
     assert [r["step"] for r in again.evals] == [3, 6, 9, 12] and clock == sorted(clock) and clock[0] > 0
-
-
-def test_the_batch_ramp_takes_half_batches_first_and_resumes_bit_for_bit(tmp_path, data):
-    """batch_ramp = 7: the first 7 steps are those of a run with half the batch (same windows, same rates), the
-    rest read the whole batch, the token count says so, and a run resumed from step 6 (inside the ramp) ends
-    with the weights of the run left alone."""
-    import shutil
-
-    sets = ("steps=12", "optimizer=muon", "eval_interval=3", "dtype=float32", "sample_tokens=0", "keep_last=4")
-    alone = train(*tiny(tmp_path / "alone", *sets, "batch_ramp=7"), data=data)
-    half = train(*tiny(None, *sets[:-1], "batch_size=2"), data=data)
-    ramp, small = ([r["loss"] for r in run.history if "loss" in r] for run in (alone, half))
-    assert ramp[:7] == small[:7] and ramp[7:] != small[7:]
-    assert alone.tokens == (7 * 2 + 5 * 4) * 32  # tiny: batch_size 4, context 32
-    shutil.copytree(tmp_path / "alone", tmp_path / "again")
-    for step in (9, 12):
-        shutil.rmtree(tmp_path / "again" / "checkpoints" / f"step-{step:06d}")
-    (tmp_path / "again" / "best.json").unlink()
-    again = train(*tiny(tmp_path / "again", *sets, "batch_ramp=7"), data=data, resume=True)
-    for (k, a), (_, b) in zip(alone.model.state_dict().items(), again.model.state_dict().items()):
-        assert torch.equal(a, b), k
-    assert again.tokens == alone.tokens

@@ -61,7 +61,6 @@ class TrainConfig:
     steps: int = 2000  # optimizer steps
     batch_size: int = 32  # windows per micro-batch, per process
     grad_accum: int = 1  # micro-batches per step, over all processes (a multiple of their number)
-    batch_ramp: int = 0  # the first batch_ramp steps read half of batch_size (cheaper steps while the loss is high)
     optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: train.optim)
     lr: float = 1e-3  # peak learning rate (AdamW's)
     muon_lr: float = 0.02  # Muon's peak rate, for optimizer = "muon"
@@ -131,11 +130,6 @@ class TrainConfig:
                               f"cosine down to min_lr; wsd: a flat rate, then a straight line down)")
         if not 0 < self.decay <= 1:
             raise ConfigError(f"decay must be in (0, 1], the fraction of the steps spent going down; got {self.decay}")
-        if not 0 <= self.batch_ramp < self.steps:
-            raise ConfigError(f"batch_ramp must be from 0 to steps - 1 ({self.steps - 1}): the steps at the start "
-                              f"that read half of batch_size; got {self.batch_ramp}")
-        if self.batch_ramp and self.batch_size < 2:
-            raise ConfigError("batch_ramp halves batch_size, which is 1: raise batch_size or set batch_ramp = 0")
         if self.muon_lr <= 0:
             raise ConfigError(f"muon_lr must be positive, got {self.muon_lr}")
         if not 1 <= self.muon_ns_steps < 100:
@@ -169,12 +163,8 @@ class TrainConfig:
 
     @property
     def windows_per_step(self) -> int:
-        """Context windows per optimizer step, over all processes (the global batch), after the ramp."""
+        """Context windows per optimizer step, over all processes (the global batch)."""
         return self.batch_size * self.grad_accum
-
-    def batch_at(self, step: int) -> int:
-        """Windows per micro-batch at optimizer step `step` (0-based): half of batch_size during the ramp."""
-        return self.batch_size // 2 if step < self.batch_ramp else self.batch_size
 
     def prepare_data(self, quiet: bool = True) -> TokenData:
         """This run's corpus, tokenized once (cached) and memory-mapped."""

@@ -122,8 +122,7 @@ class Trainer:
             for block in self.raw.blocks:
                 block.compile(options=COMPILE_OPTIONS)
         elif cfg.compile:
-            # (static shapes: the batch ramp's second batch size gets its own graph, not one for every size)
-            self.fwd = torch.compile(self.raw, dynamic=False, options=COMPILE_OPTIONS)  # type: ignore[assignment]
+            self.fwd = torch.compile(self.raw, options=COMPILE_OPTIONS)  # type: ignore[assignment]
         self.ddp = d.active and not self.fsdp
         if self.ddp:
             self.fwd = nn.parallel.DistributedDataParallel(
@@ -156,10 +155,10 @@ class Trainer:
         tuner = ThreadTuner() if not cfg.threads and self.device.type == "cpu" else None  # threads = 0: measured
         with ctrl_c() as interrupted:
             while self.step < cfg.steps:
-                t0, tokens = time.perf_counter(), self.tokens
+                t0 = time.perf_counter()
                 loss, lr, gnorm = self.train_step()
                 dt = time.perf_counter() - t0
-                speed.add(dt, self.tokens - tokens)
+                speed.add(dt)
                 if tuner is not None:
                     tuner.record(dt)
                 if self.step % cfg.log_interval == 0 or self.step == cfg.steps:
@@ -199,9 +198,8 @@ class Trainer:
         cfg, d = self.cfg, self.dist
         lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps, cfg.schedule, cfg.decay)
         set_lr(self.opt, lr)
-        batch = cfg.batch_at(self.step)
-        starts = self.data.random_starts("train", self.T, cfg.grad_accum * batch, self.gen)
-        mine = starts.view(cfg.grad_accum, batch)[d.rank * self.micro_steps:(d.rank + 1) * self.micro_steps]
+        starts = self.data.random_starts("train", self.T, cfg.grad_accum * cfg.batch_size, self.gen)
+        mine = starts.view(cfg.grad_accum, cfg.batch_size)[d.rank * self.micro_steps:(d.rank + 1) * self.micro_steps]
         loss_sum = torch.zeros((), device=self.device)
         for m, window in enumerate(mine):
             x, y = (t.to(self.device, non_blocking=True) for t in self.data.batch("train", window, self.T))
@@ -221,7 +219,7 @@ class Trainer:
         if not math.isfinite(gnorm):
             raise TrainingError(self.bad_loss_message(gnorm, "gradient norm"))
         self.step += 1
-        self.tokens += cfg.grad_accum * batch * self.T
+        self.tokens += cfg.windows_per_step * self.T
         return loss, lr, gnorm
 
     def autocast(self):

@@ -61,13 +61,12 @@ class Throughput:
         self.seconds = self.tokens = 0.0
         self.window_seconds = self.window_tokens = 0.0
 
-    def add(self, seconds: float, tokens: int | None = None) -> None:
-        """One step took this long (and read this many tokens: default tokens_per_step)."""
-        tokens = self.tokens_per_step if tokens is None else tokens
+    def add(self, seconds: float) -> None:
+        """One step took this long."""
         self.seconds += seconds
-        self.tokens += tokens
+        self.tokens += self.tokens_per_step
         self.window_seconds += seconds
-        self.window_tokens += tokens
+        self.window_tokens += self.tokens_per_step
 
     def window(self) -> dict:
         """{"tokens_per_s", "mfu"} since the last call."""
