@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -81,7 +82,11 @@ class StackedMuon(torch.optim.Muon):
     momentum_buffer per matrix, so the two read each other's checkpoints."""
 
     @torch.no_grad()
-    def step(self, closure: None = None) -> None:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
             if group["adjust_lr_fn"] not in (None, "original"):
                 raise ValueError("StackedMuon takes the original scale only (adjust_lr_fn = \"original\")")
@@ -102,6 +107,7 @@ class StackedMuon(torch.optim.Muon):
                                       group["ns_steps"], group["eps"])
                 torch._foreach_add_([params[i] for i in same], list(stack.unbind(0)),
                                     alpha=-lr * math.sqrt(max(1, rows / cols)))
+        return loss
 
 
 def orthogonalize(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
