@@ -9,7 +9,7 @@ import torch
 from lumen import GPT, ModelConfig
 from lumen.errors import ConfigError
 from lumen.train import TrainConfig
-from lumen.train.optim import MuonAdamW, lr_at, make_optimizer, set_lr
+from lumen.train.optim import MuonAdamW, StackedMuon, lr_at, make_optimizer, set_lr
 
 
 def small() -> GPT:
@@ -103,3 +103,31 @@ def test_bad_optimizer_settings_are_config_errors():
         TrainConfig(decay=0.0)
     with pytest.raises(ConfigError, match="parallel = \"fsdp\" splits"):
         TrainConfig(optimizer="muon", parallel="fsdp")
+    with pytest.raises(ConfigError, match="muon_ns_steps must be from 1 to 99"):
+        TrainConfig(muon_ns_steps=0)
+
+
+@pytest.mark.parametrize("ns_steps", [5, 3])
+def test_stacked_muon_takes_torch_muons_steps(ns_steps):
+    """StackedMuon (one Newton-Schulz per stack of same-shape matrices) against torch.optim.Muon itself, one
+    matrix at a time: the same weights after several steps of momentum, weight decay and a tall, a wide and a
+    square matrix (to bfloat16's rounding of the update), and the same momentum buffers."""
+    shapes = [(24, 24), (24, 24), (96, 24), (24, 96), (96, 24)]
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(s, generator=gen) * 0.02 for s in shapes]
+    ours, theirs = ([torch.nn.Parameter(w.clone()) for w in start] for _ in range(2))
+    kw = {"lr": 0.02, "weight_decay": 0.05, "momentum": 0.95, "nesterov": True, "ns_steps": ns_steps,
+          "adjust_lr_fn": "original"}
+    stacked, reference = StackedMuon(ours, **kw), torch.optim.Muon(theirs, **kw)
+    for _ in range(4):
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        stacked.step()
+        reference.step()
+    for a, b, w in zip(ours, theirs, start):
+        # each step moves a matrix by lr x (at most 2) x a bfloat16 matrix of entries below 1; the steps
+        # themselves are far bigger than that
+        torch.testing.assert_close(a, b, rtol=0, atol=4 * 0.02 * 2 * 2**-8)
+        assert (a - w).abs().max() > 0.01
+        torch.testing.assert_close(stacked.state[a]["momentum_buffer"], reference.state[b]["momentum_buffer"])

@@ -64,6 +64,7 @@ class TrainConfig:
     optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: train.optim)
     lr: float = 1e-3  # peak learning rate (AdamW's)
     muon_lr: float = 0.02  # Muon's peak rate, for optimizer = "muon"
+    muon_ns_steps: int = 5  # Muon's Newton-Schulz iterations a step (torch.optim.Muon's ns_steps)
     schedule: str = "cosine"  # cosine | wsd (warm-up, stable, decay)
     decay: float = 0.3  # wsd: the fraction of the steps after warm-up spent going down to min_lr
     min_lr: float = 1e-4  # where the schedule ends
@@ -131,6 +132,9 @@ class TrainConfig:
             raise ConfigError(f"decay must be in (0, 1], the fraction of the steps spent going down; got {self.decay}")
         if self.muon_lr <= 0:
             raise ConfigError(f"muon_lr must be positive, got {self.muon_lr}")
+        if not 1 <= self.muon_ns_steps < 100:
+            raise ConfigError(f"muon_ns_steps must be from 1 to 99 (Newton-Schulz iterations a step; usual: 5), "
+                              f"got {self.muon_ns_steps}")
         if self.optimizer == "muon" and self.parallel == "fsdp":
             raise ConfigError("optimizer = \"muon\" orthogonalises whole matrices, which parallel = \"fsdp\" splits "
                               "between processes; use parallel = \"ddp\" or optimizer = \"adamw\"")

@@ -112,7 +112,7 @@ class Trainer:
         if self.fsdp:
             distributed.shard(self.raw, d, self.device, self.bf16)  # before the optimizer: it steps the shards
         self.opt = make_optimizer(self.raw, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.optimizer,
-                                  cfg.muon_lr)
+                                  cfg.muon_lr, ns_steps=cfg.muon_ns_steps)
         self.gen = torch.Generator().manual_seed(cfg.seed)  # the data position: which windows come next
         torch.manual_seed(cfg.seed + 1 + d.rank)  # dropout noise differs per rank
         self.step, self.tokens, self.best = 0, 0, math.inf

@@ -13,6 +13,8 @@ line down to min_lr over the last `decay` of the steps).
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,13 +72,70 @@ class MuonAdamW:
         self.adamw.load_state_dict(state["adamw"])
 
 
+class StackedMuon(torch.optim.Muon):
+    """torch.optim.Muon's update, with one Newton-Schulz iteration over each stack of same-shape matrices.
+
+    A small model's matrices are small (16 of 128 x 128 here): one matrix product each leaves most of a core
+    idle between them, so the same products run as one batched product per shape. The update is the one
+    torch.optim.Muon defines (its momentum, its Newton-Schulz polynomial in bfloat16, its decoupled weight
+    decay and its "original" scale, sqrt(rows / columns) for a tall matrix), and its state is the same
+    momentum_buffer per matrix, so the two read each other's checkpoints."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["adjust_lr_fn"] not in (None, "original"):
+                raise ValueError("StackedMuon takes the original scale only (adjust_lr_fn = \"original\")")
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+            mu, lr = group["momentum"], group["lr"]
+            torch._foreach_lerp_(bufs, grads, 1 - mu)  # the momentum: an average of the recent gradients
+            updates = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
+            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+            by_shape: dict[tuple[int, ...], list[int]] = defaultdict(list)
+            for i, p in enumerate(params):
+                by_shape[tuple(p.shape)].append(i)
+            for (rows, cols), same in by_shape.items():
+                stack = orthogonalize(torch.stack([updates[i] for i in same]), group["ns_coefficients"],
+                                      group["ns_steps"], group["eps"])
+                torch._foreach_add_([params[i] for i in same], list(stack.unbind(0)),
+                                    alpha=-lr * math.sqrt(max(1, rows / cols)))
+        return loss
+
+
+def orthogonalize(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
+                  eps: float) -> torch.Tensor:
+    """Newton-Schulz on a stack of matrices (n, rows, cols): each scaled to a norm of 1 (so no singular
+    value exceeds 1), then `steps` times X <- aX + (bA + cA^2)X with A = XX^T, a polynomial that pushes every
+    singular value toward 1 and leaves the singular vectors: nearly the orthogonal matrix nearest to each."""
+    a, b, c = coefficients
+    x = g.bfloat16()
+    tall = g.size(-2) > g.size(-1)
+    if tall:  # the wide side: A = XX^T is the smaller square
+        x = x.mT
+    x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
 Optimizer = torch.optim.Optimizer | MuonAdamW
 
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
-                   kind: str = "adamw", muon_lr: float = 0.02, momentum: float = 0.95) -> Optimizer:
+                   kind: str = "adamw", muon_lr: float = 0.02, momentum: float = 0.95,
+                   ns_steps: int = 5) -> Optimizer:
     """AdamW over the model's parameters (the fused kernel: one pass over all tensors, on CPU and CUDA); or,
-    for kind = "muon", Muon at muon_lr over the 2-D weights inside the blocks and AdamW over the rest."""
+    for kind = "muon", Muon at muon_lr over the 2-D weights inside the blocks (ns_steps Newton-Schulz
+    iterations a step, over each stack of same-shape matrices at once: StackedMuon) and AdamW over the rest."""
     if kind == "adamw":
         return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=True)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -89,8 +148,8 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tupl
     # the original scale (sqrt of a tall matrix's aspect; "match_rms_adamw" would reuse AdamW's rate) keeps
     # muon_lr the number the Muon literature tunes; weight decay shrinks each matrix per step as AdamW's
     # matrices shrink (1 - lr x weight_decay)
-    muon = torch.optim.Muon(hidden, lr=muon_lr, weight_decay=weight_decay * lr / muon_lr, momentum=momentum,
-                            nesterov=True, adjust_lr_fn="original")
+    muon = StackedMuon(hidden, lr=muon_lr, weight_decay=weight_decay * lr / muon_lr, momentum=momentum,
+                       nesterov=True, ns_steps=ns_steps, adjust_lr_fn="original")
     for group in muon.param_groups:
         group["lr_scale"] = muon_lr / lr
     return MuonAdamW(muon, adamw)
