@@ -118,8 +118,8 @@ def decoding(model: GPT, compile: bool | str = False) -> Iterator[Decoder]:
         check_cpp_compiler("decode without compiling")
     if model.device.type == "cpu":
         return_large_buffers()
-    if compile and model.device.type == "cpu":
-        kernels()  # the wing's C++ kernels (quant.py): a compiled step's attention reads only the slots it sees
+        if compile:
+            kernels()  # the wing's C++ kernels (quant.py): a compiled step's attention reads only the slots it sees
     fast_linears(model)
     one_query_attention(model)
     try:

@@ -143,7 +143,7 @@ class Blocks(nn.Module):
     """A (out, in) matrix as the file's blocks: codes as the file holds them (Q8_0: (out, in) int8; Q4_1:
     (out, in / 2) uint8, two to a byte, a block's numbers 0-15 in the low halves of its 16 bytes and 16-31
     in the high halves), per block a scale and, for Q4_1, a minimum (out, in / 32), in float16 as the file
-    holds them (given in float32, they must be float16 numbers: the file's)."""
+    holds them (`formats.gguf.stored_blocks`)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -151,9 +151,11 @@ class Blocks(nn.Module):
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None):
         super().__init__()
+        if scale.dtype != torch.float16 or (minimum is not None and minimum.dtype != torch.float16):
+            raise ValueError("a block's scale and minimum are the file's float16 numbers")
         self.register_buffer("codes", codes)
-        self.register_buffer("scale", _half(scale, "scale"))
-        self.register_buffer("minimum", None if minimum is None else _half(minimum, "minimum"))
+        self.register_buffer("scale", scale)
+        self.register_buffer("minimum", minimum)
         kernels()  # built (or found wanting) now, at load time, not while torch.compile traces
 
     @property
@@ -212,14 +214,6 @@ class Blocks(nn.Module):
                 y = y + (self.minimum[rows] * total).sum(-1)
             parts.append(y)
         return torch.cat(parts)
-
-
-def _half(t: torch.Tensor, what: str) -> torch.Tensor:
-    """A block's scale or minimum in float16, the file's own numbers: converting float32 ones loses nothing."""
-    half = t.to(torch.float16)
-    if not torch.equal(half.to(t.dtype), t):
-        raise ValueError(f"a block's {what} must be a float16 number (the file's); got other {t.dtype} values")
-    return half
 
 
 class QuantLinear(nn.Module):

@@ -534,7 +534,7 @@ def stored_blocks(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | No
     minimum). A block is 32 numbers of one row. Q8_0: w = d q, codes (out, in) int8, one scale d per block.
     Q4_1: w = d q + m, codes (out, in / 2) uint8, two to a byte (a block's numbers 0-15 in the low halves of
     its 16 bytes, 16-31 in the high halves), and per block a scale d and a minimum m. Scales and minima
-    (out, in / 32) are float32 (exact: the file's are float16)."""
+    (out, in / 32) are the file's float16."""
     from gguf import GGMLQuantizationType as Q
 
     block = 32
@@ -544,12 +544,11 @@ def stored_blocks(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | No
         b = raw.reshape(out, -1, 2 + block)
         scale = b[..., :2].copy().view(np.float16)[..., 0]
         codes = b[..., 2:].copy().view(np.int8).reshape(out, -1)
-        return torch.from_numpy(codes), torch.from_numpy(scale.astype(np.float32)), None
+        return torch.from_numpy(codes), torch.from_numpy(scale), None
     if tensor.tensor_type == Q.Q4_1:
         b = raw.reshape(out, -1, 4 + block // 2)
         scale = b[..., 0:2].copy().view(np.float16)[..., 0]
         minimum = b[..., 2:4].copy().view(np.float16)[..., 0]
         codes = b[..., 4:].reshape(out, -1)  # packed, as stored
-        return (torch.from_numpy(codes.copy()), torch.from_numpy(scale.astype(np.float32)),
-                torch.from_numpy(minimum.astype(np.float32)))
+        return torch.from_numpy(codes.copy()), torch.from_numpy(scale), torch.from_numpy(minimum)
     return None
