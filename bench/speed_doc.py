@@ -190,7 +190,7 @@ def speedrun(r: dict[str, Any]) -> str:
             f"`--set`s turn today's preset into that row); the score is every token of the five held-out works, "
             f"nats per character, by the evaluator nanoGPT's row is scored by. Goal: <= {r['goal']:.2f} within "
             f"{r['budget']:.0f} s of training. The time is the run's, start to end (compiling, the evaluations and "
-            f"samples every 500 steps included), and in brackets the optimizer steps' own; \"{r['milestone']:.2f} at\" "
+            f"samples included), and in brackets the optimizer steps' own; \"{r['milestone']:.2f} at\" "
             f"is the run's clock at its first evaluation at or below {r['milestone']:.2f}.\n\n"
             + table(["row", "change", "settings", "steps", "tokens", "training time", f"{r['milestone']:.2f} at",
                      "held-out nats/char", "gain"], rows))

@@ -11,10 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "code" / "lumen"
 
 # the reading house (the chapter's model and what a GPT needs to exist, decode, be named, counted and fail
-# clearly) and the utilities every room shares: errors, atomic files, the progress bar, the thread count,
-# torch.compile's options
+# clearly) and the utilities every room shares: errors, atomic files, the progress bar, the thread count, the
+# heap's settings, torch.compile's options
 CORE = {"config", "block", "attention", "model", "decode", "names", "accounting", "errors", "files", "progress",
-        "threads", "compiling"}
+        "threads", "heap", "compiling"}
 # the speed wing: nothing but the command line imports it (bench/ does too, from outside the package)
 WING = "fast"
 # what may be imported by each layer above the core (the core itself is open to everyone)

@@ -312,3 +312,42 @@ def test_a_small_file_from_its_blocks_and_damaged_numbers(tmp_path):
         bad.write_bytes(bytes(data))
         with pytest.raises(ModelFileError, match=rf"bad\.gguf.*{re.escape(said)}.*NaN"):
             load_blocks(str(bad))
+
+
+def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
+    """share_rows (the decoding door's): a block's q, k and v of one block type, and its gate and up, become one
+    stack each, their blocks rows of it (no memory added); a decoded token's products, and a prompt's, are
+    each matrix's own products (computed before sharing); mixed types stay apart; unshare_rows undoes it."""
+    from helpers.gguf import tiny_model, write_gguf
+    from lumen.fast import load_blocks
+    from lumen.fast.quant import SharedQuantLinear, share_rows, unshare_rows
+
+    path = tmp_path / "tiny.gguf"
+    types = {f"blk.0.{n}.weight": Q.Q4_1 for n in ("attn_q", "attn_k", "attn_v")}
+    types |= {"blk.0.ffn_gate.weight": Q.Q8_0, "blk.0.ffn_up.weight": Q.Q8_0}
+    types |= {"blk.1.attn_q.weight": Q.Q4_1, "blk.1.attn_k.weight": Q.Q8_0, "blk.1.attn_v.weight": Q.Q4_1}
+    write_gguf(path, tiny_model(), types)
+    model = load_blocks(str(path)).model
+    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+    names = [(attn, "q"), (attn, "k"), (attn, "v"), (mlp, "w_gate"), (mlp, "w_up"), (model.blocks[1].attn, "q")]
+    one, many = torch.randn(1, 1, 64), torch.randn(1, 5, 64)
+    with torch.inference_mode():
+        before = [(getattr(m, n)(one), getattr(m, n)(many)) for m, n in names]
+        assert share_rows(model) == 2
+        layers = [getattr(m, n) for m, n in names]
+        assert [type(x) is SharedQuantLinear for x in layers] == [True] * 5 + [False]
+        for group in (layers[:3], layers[3:5]):
+            stack = group[0].shared.blocks.codes
+            assert all(x.shared is group[0].shared for x in group)
+            assert all(x.blocks.codes.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+                       for x in group)
+            assert stack.shape[0] == sum(x.out_features for x in group)
+        after = [(x(one), x(many)) for x in layers]
+        for (y1, yn), (z1, zn) in zip(before, after):
+            torch.testing.assert_close(z1, y1, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(zn, yn, rtol=1e-6, atol=1e-6)
+        assert layers[0].shared.row is None  # (let go once the last of the group read its product)
+        assert unshare_rows(model) == 5
+        assert all(type(x) is QuantLinear and not hasattr(x, "shared") for x in layers)
+        for (y1, _), x in zip(before, layers):
+            torch.testing.assert_close(x(one), y1, rtol=1e-6, atol=1e-6)

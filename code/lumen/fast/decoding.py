@@ -5,7 +5,8 @@
 
 Inside `decoding`, and only there, the model's nn.Linear layers are FastLinear ones holding the same
 parameters (packing.py): compiled, a one-token step's products become fused loops over the weights; eager,
-the weights live in oneDNN's packed layout. A single query attends without copying the cache's keys for
+the weights live in oneDNN's packed layout. A GGUF's blocks that multiply the same row (q, k and v; gate and
+up) are multiplied as one stack (quant.py's SharedRow). A single query attends without copying the cache's keys for
 each query head (attention.py). Each step's thread count is measured as the tokens come
 (lumen.threads: a busy machine is the normal case). On leaving, the model is the plain model again, the
 same parameters, bit for bit. The tokens are chosen exactly as lumen.decode chooses them (the same
@@ -16,9 +17,7 @@ rounding.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
-import platform
 from collections.abc import Generator, Iterator
 
 import torch
@@ -27,11 +26,12 @@ from ..compiling import COMPILE_OPTIONS, check_cpp_compiler
 from ..decode import Sampling, Step, sampling_for
 from ..decode import stream as plain_stream
 from ..errors import UserError
+from ..heap import return_large_buffers
 from ..model import GPT
 from ..threads import tuned
 from .attention import one_query_attention, plain_attention
 from .packing import fast_linears, packed, plain_linears
-from .quant import kernels
+from .quant import kernels, share_rows, unshare_rows
 
 SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs of nearby lengths share one graph
 # A one-token step is a few hundred kernels, most of them over a few thousand numbers (a norm, a gate, one
@@ -76,22 +76,6 @@ class Decoder:
         return torch.cat([idx] + [t[:, None] for t in new], dim=1)
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter: allocations from this size up get their own pages
-_returning: bool = False
-
-
-def return_large_buffers() -> None:
-    """From now on this process gives every buffer of 1 MiB or more back to the system when it is freed (glibc
-    only; once). glibc otherwise raises that threshold to the largest buffer freed so far and keeps such
-    buffers in its heap: a prompt read from a GGUF's blocks (slabs of dequantized rows, one matrix after
-    another) leaves ~90 MiB more resident than it ever held at once. A decoded token's buffers are smaller."""
-    global _returning
-    if _returning or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return
-    ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 1 << 20)
-    _returning = True
-
-
 def frozen(steps: Iterator[torch.Tensor]) -> Generator[torch.Tensor, None, None]:
     """steps, with every Python object that exists when they start left out of the garbage collector's
     rounds (gc.freeze) until they end. A step makes a few short-lived objects; with torch and a model
@@ -121,12 +105,14 @@ def decoding(model: GPT, compile: bool | str = False) -> Iterator[Decoder]:
         if compile:
             kernels()  # the wing's C++ kernels (quant.py): a compiled step's attention reads only the slots it sees
     fast_linears(model)
+    share_rows(model)
     one_query_attention(model)
     try:
         with contextlib.nullcontext() if compile else packed(model):  # eager: oneDNN's layout
             yield Decoder(model, compile)
     finally:
         plain_attention(model)
+        unshare_rows(model)
         plain_linears(model)
 
 

@@ -235,6 +235,89 @@ class QuantLinear(nn.Module):
         return f"{self.in_features} -> {self.out_features}, {self.blocks.kind} blocks of {BLOCK}"
 
 
+class SharedRow(nn.Module):
+    """Matrices that multiply the same row x, their blocks stacked row after row (a layer's q, k and v; an
+    MLP's gate and up): a decoded token's products of all of them in one pass of the kernel, x rounded once,
+    the threads splitting one long product rather than three short ones. Each matrix's blocks become rows of
+    the stack (views: no memory added). `share` turns the layers into SharedQuantLinear ones."""
+
+    def __init__(self, layers: list[QuantLinear]):
+        super().__init__()
+        parts = [layer.blocks for layer in layers]
+        minimum = None if parts[0].minimum is None else torch.cat([b.minimum for b in parts])  # type: ignore[misc]
+        self.blocks = Blocks(torch.cat([b.codes for b in parts]), torch.cat([b.scale for b in parts]), minimum)
+        self.sizes = [layer.out_features for layer in layers]
+        start = 0
+        for b, size in zip(parts, self.sizes):  # each matrix's blocks: its rows of the stack
+            rows = slice(start, start + size)
+            b.codes, b.scale = self.blocks.codes[rows], self.blocks.scale[rows]
+            b.minimum = None if minimum is None else minimum[rows]
+            start += size
+        self.row: torch.Tensor | None = None  # the row whose products wait to be read, and them
+        self.products: list[torch.Tensor] = []
+
+    def product(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """The i-th matrix's product of one row x: the stack's product, computed when the first of them asks
+        for it with this x (the same tensor, by identity) and let go when the last has read it."""
+        if self.row is not x:
+            self.row, self.products = x, list(self.blocks.row_product(x).split(self.sizes, -1))
+        y = self.products[i]
+        if i == len(self.sizes) - 1:
+            self.row, self.products = None, []
+        return y
+
+    def extra_repr(self) -> str:
+        return f"{' + '.join(map(str, self.sizes))} rows of {self.blocks.shape[1]}, one product"
+
+
+class SharedQuantLinear(QuantLinear):
+    """A QuantLinear that takes a decoded token's product from its SharedRow (its i-th matrix); many rows
+    multiply its own blocks as a QuantLinear does."""
+
+    shared: SharedRow
+    index: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[:-1].numel() == 1:
+            return self.shared.product(x, self.index).to(x.dtype)
+        return super().forward(x)
+
+
+# the layers that multiply one row: a block's attention (q, k, v) and its gated MLP (gate, up)
+SAME_ROW = (("q", "k", "v"), ("w_gate", "w_up"))
+
+
+def share_rows(model: nn.Module) -> int:
+    """Every group of QuantLinear layers of one module that multiply the same row (SAME_ROW), of one block
+    type and width, made one SharedRow; returns how many groups. `unshare_rows` undoes it."""
+    n = 0
+    for parent in list(model.modules()):
+        for names in SAME_ROW:
+            layers = [getattr(parent, name, None) for name in names]
+            if not all(type(layer) is QuantLinear for layer in layers):
+                continue
+            if len({(layer.blocks.kind, layer.in_features) for layer in layers}) != 1:  # type: ignore[union-attr]
+                continue
+            shared = SharedRow(layers)  # type: ignore[arg-type]
+            for i, layer in enumerate(layers):
+                layer.__class__ = SharedQuantLinear
+                layer.shared, layer.index = shared, i  # type: ignore[union-attr]
+            n += 1
+    return n
+
+
+def unshare_rows(model: nn.Module) -> int:
+    """Undo share_rows: plain QuantLinear layers again (their blocks stay rows of one stack: the same numbers);
+    returns how many layers."""
+    n = 0
+    for m in list(model.modules()):
+        if type(m) is SharedQuantLinear:
+            del m.shared, m.index
+            m.__class__ = QuantLinear  # type: ignore[assignment]
+            n += 1
+    return n
+
+
 class QuantEmbedding(nn.Module):
     """An embedding table kept in blocks: each looked-up row dequantized on the way out."""
 

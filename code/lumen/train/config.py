@@ -265,9 +265,9 @@ def _model_hints() -> dict[str, object]:
 PRESETS: dict[str, dict] = {
     "shakespeare": {
         "corpus": "shakespeare", "tokenizer": "bpe", "vocab_size": 4096, "out_dir": "runs/shakespeare",
-        "steps": 2100, "compile": True, "batch_size": 16, "optimizer": "muon", "muon_lr": 0.02, "lr": 3e-3,
+        "steps": 2200, "compile": True, "batch_size": 16, "optimizer": "muon", "muon_lr": 0.02, "lr": 3e-3,
         "schedule": "wsd", "decay": 0.4, "min_lr": 3e-5, "warmup": 50, "beta2": 0.99,
-        "weight_decay": 0.1, "eval_interval": 500, "eval_windows": 200, "sample_tokens": 200,
+        "weight_decay": 0.1, "eval_interval": 550, "eval_windows": 200, "sample_tokens": 200,
         "model": {"preset": "baby-gpt", "n_layers": 4, "d_model": 128, "n_heads": 4, "context": 128},
     },
     # more time or a GPU: nanoGPT's shakespeare-char shape, longer

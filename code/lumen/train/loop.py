@@ -163,7 +163,7 @@ class Trainer:
                     tuner.record(dt)
                 if self.step % cfg.log_interval == 0 or self.step == cfg.steps:
                     rec = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": gnorm, "tokens": self.tokens,
-                           **speed.window()}
+                           **speed.window(), **({"threads": torch.get_num_threads()} if tuner else {})}
                     self.record(rec)
                     bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rec['tokens_per_s']:,.0f}", mfu=f"{rec['mfu']:.0%}",
                                     refresh=False)

@@ -18,6 +18,7 @@ import torch
 
 from ..compiling import check_cpp_compiler
 from ..errors import ConfigError
+from ..heap import reuse_freed_buffers
 from ..model import GPT, plain_attention
 from .config import TrainConfig
 
@@ -52,16 +53,18 @@ def use_bf16(dtype: str, device: torch.device) -> bool:
 
 @contextlib.contextmanager
 def run_settings(cfg: TrainConfig) -> Iterator[None]:
-    """The process-wide settings a run changes (torch's threads; deterministic mode when compiled on a CPU),
-    restored however the run ends, a failed start included."""
-    compiled_on_cpu = cfg.compile and resolve_device(cfg.device).type == "cpu"
+    """The process-wide settings a run changes (torch's threads; deterministic mode when compiled on a CPU; on a
+    CPU, freed buffers kept for the next step: lumen.heap), restored however the run ends, a failed start
+    included."""
+    on_cpu = resolve_device(cfg.device).type == "cpu"
+    compiled_on_cpu = cfg.compile and on_cpu
     if compiled_on_cpu:
         check_cpp_compiler("set compile=false")
     threads = torch.get_num_threads()
     try:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        with deterministic_algorithms(compiled_on_cpu):
+        with deterministic_algorithms(compiled_on_cpu), reuse_freed_buffers() if on_cpu else contextlib.nullcontext():
             yield
     finally:
         torch.set_num_threads(threads)
