@@ -28,6 +28,7 @@ def main() -> None:
 
     from lumen import fast
     from lumen.decode import GREEDY, stream
+    from lumen.fast.decoding import frozen
     from lumen.formats import load
 
     loaded = fast.load_blocks("smollm2") if weights == "gguf" else load("smollm2")
@@ -40,8 +41,10 @@ def main() -> None:
             torch.set_num_threads(t)
             decoder.generate(ids, 4, temperature=0)  # compiles at this thread count (not counted)
             stamps, tokens = [], []
-            # the thread count pinned: lumen.decode's steps through the door's step, untuned
-            for x in stream(model, ids, n, GREEDY, step=decoder.step, cache_slots=256 if compile else None):
+            # the thread count pinned: lumen.decode's steps through the door's step, untuned (the collector's
+            # freeze as the door's stream has it)
+            steps = stream(model, ids, n, GREEDY, step=decoder.step, cache_slots=256 if compile else None)
+            for x in frozen(steps):
                 stamps.append(time.perf_counter())
                 tokens.append(int(x[0]))
             out[t] = {"decode_tok_s": (n - 1) / (stamps[-1] - stamps[0]), "text": tok.decode(tokens)}
