@@ -239,7 +239,7 @@ class SharedRow(nn.Module):
     """Matrices that multiply the same row x, their blocks stacked row after row (a layer's q, k and v; an
     MLP's gate and up): a decoded token's products of all of them in one pass of the kernel, x rounded once,
     the threads splitting one long product rather than three short ones. Each matrix's blocks become rows of
-    the stack (views: no memory added). `share` turns the layers into SharedQuantLinear ones."""
+    the stack (views: no memory added). `share_rows` turns the layers into SharedQuantLinear ones."""
 
     def __init__(self, layers: list[QuantLinear]):
         super().__init__()
