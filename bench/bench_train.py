@@ -52,7 +52,10 @@ def build(impl: str, args: argparse.Namespace):
 
 
 def contender(impl: str, bf16: bool, compiled: bool, args: argparse.Namespace):
-    """(model config, a function that takes one training step) for lumen or HF."""
+    """(model config, a function that takes one training step, the process-wide settings its steps run in)
+    for lumen or HF. lumen's settings are its training loop's, which hold for a whole run: here they hold
+    for each round of steps, so HF's rounds run on the process's own (but for glibc's mmap threshold, which
+    lumen.heap leaves fixed at 32 MiB, where glibc's own would move to as HF's buffers are freed)."""
     import torch
 
     from lumen.compiling import COMPILE_OPTIONS
@@ -76,13 +79,13 @@ def contender(impl: str, bf16: bool, compiled: bool, args: argparse.Namespace):
     x = torch.randint(0, args.vocab, (args.batch, args.context + 1), generator=g).to(device)
 
     def step() -> None:
-        with settings(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), attention():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), attention():
             loss = fwd(x)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return cfg, step
+    return cfg, step, settings
 
 
 def measure(dtype: str, compiled: bool, args: argparse.Namespace) -> list[dict]:
@@ -97,20 +100,22 @@ def measure(dtype: str, compiled: bool, args: argparse.Namespace) -> list[dict]:
     device = torch.device(args.device)
     bf16 = dtype == "bfloat16"
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    steps, peaks, best = {}, {}, {}
+    steps, settings, peaks, best = {}, {}, {}, {}
     for impl in ("hf", "lumen"):
-        cfg, steps[impl] = contender(impl, bf16, compiled, args)
-        for _ in range(3 if compiled else 2):  # warm-up: compilation, optimizer state, allocator
-            steps[impl]()
-        sync()
-        peaks[impl], best[impl] = step_memory(steps[impl], device), 0.0
+        cfg, steps[impl], settings[impl] = contender(impl, bf16, compiled, args)
+        with settings[impl]():
+            for _ in range(3 if compiled else 2):  # warm-up: compilation, optimizer state, allocator
+                steps[impl]()
+            sync()
+            peaks[impl], best[impl] = step_memory(steps[impl], device), 0.0
     for _ in range(args.repeats):
         for impl, step in steps.items():
-            t = time.perf_counter()
-            for _ in range(args.steps):
-                step()
-            sync()
-            best[impl] = max(best[impl], args.steps * args.batch * args.context / (time.perf_counter() - t))
+            with settings[impl]():
+                t = time.perf_counter()
+                for _ in range(args.steps):
+                    step()
+                sync()
+                best[impl] = max(best[impl], args.steps * args.batch * args.context / (time.perf_counter() - t))
     flops = training_flops_per_token(cfg, args.context)
     mm_peak = matmul_peak(device, torch.bfloat16 if bf16 else torch.float32)
     return [{"impl": impl, "dtype": dtype, "compiled": compiled, "tokens_per_s": best[impl],
