@@ -68,9 +68,14 @@ ATTEND_ONE = ("AOTITorchError aoti_torch_cpu_attend_one(AtenTensorHandle q, Aten
 
 
 def options(model: GPT) -> dict:
-    """AOTInductor's settings: the door's compile options; the thread count read when the step runs (so one
-    package serves every count the thread tuner tries); the weights left out of the package (the step
-    reads the model's own); each kernel a profiler event or not, as inductor is set (bench/profile_decode.py)."""
+    """AOTInductor's settings: the door's compile options; the weights left out of the package (the step
+    reads the model's own); each kernel a profiler event or not, as inductor is set (bench/profile_decode.py).
+
+    One package serves every thread count the thread tuner tries: the products split their rows among the
+    threads torch has when the step runs (quant.cpp), and a token's other loops (norms, rotations, the cache's
+    writes) are too small to split at all (DECODE_OPTIONS). inductor's `cpp.dynamic_threads`, which reads the
+    count at run time, would instead make every one of those loops a parallel region of its own: ~300 of them
+    a token, each ending at a barrier, for loops of a few hundred numbers."""
     # (inductor's settings as this process has them; a process that only loads packages never imports it)
     config = sys.modules.get("torch._inductor.config")
     blocks = any(isinstance(m, Blocks) for m in model.modules()) and kernels()
@@ -78,7 +83,7 @@ def options(model: GPT) -> dict:
     if loaded():  # (one_query_attention's step calls attend.cpp's kernel then)
         shims[torch.ops.lumen.attend_one.default] = [ATTEND_ONE]
     profiled = bool(config and config.cpp.enable_kernel_profile)
-    return {**DECODE_OPTIONS, "cpp.dynamic_threads": True, "aot_inductor.package_constants_in_so": False,
+    return {**DECODE_OPTIONS, "aot_inductor.package_constants_in_so": False,
             "aot_inductor.custom_ops_to_c_shims": shims, "cpp.enable_kernel_profile": profiled}
 
 

@@ -14,26 +14,80 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 namespace {
 
-// x . y over hd numbers (hd a multiple of 8)
+// x . y over hd numbers (hd a multiple of 8; HD its value when known as the code is built, 0 when not), in
+// four running sums so that no product waits for the one before it
+template <int64_t HD>
 inline float dot(const float* x, const float* y, int64_t hd) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t j = 0; j < hd; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j), acc);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const int64_t n = HD ? HD : hd;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t j = 0; j < n; j += 8)
+    acc[(j / 8) & 3] = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j), acc[(j / 8) & 3]);
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
 
 // y += a x over hd numbers
+template <int64_t HD>
 inline void add_scaled(float* y, float a, const float* x, int64_t hd) {
+  const int64_t n = HD ? HD : hd;
   const __m256 av = _mm256_set1_ps(a);
-  for (int64_t j = 0; j < hd; j += 8)
+  for (int64_t j = 0; j < n; j += 8)
     _mm256_storeu_ps(y + j, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
+}
+
+// e^x for eight x <= 0: e^x = 2^k e^r, k the integer nearest x / ln 2, r = x - k ln 2 (ln 2 in two parts, so
+// that r is exact), e^r by its Taylor series to r^6 (|r| <= ln 2 / 2: within a unit in the last place)
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));  // (e^-87 is still a normal float)
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i two_k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_k));
+}
+
+// the softmax of n scores in place
+inline void softmax(float* s, int64_t n) {
+  float best = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) best = std::max(best, s[t]);
+  const __m256 top = _mm256_set1_ps(best);
+  __m256 sum8 = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), top));
+    _mm256_storeu_ps(s + t, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  float lanes[8], total = 0.f;
+  _mm256_storeu_ps(lanes, sum8);
+  for (const float l : lanes) total += l;
+  for (; t < n; ++t) total += (s[t] = std::exp(s[t] - best));
+  const __m256 inv = _mm256_set1_ps(1.f / total);
+  for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv));
+  for (; t < n; ++t) s[t] /= total;
+}
+
+// one key head's group of query heads over the slots they may see, each key and value read once for all of them
+template <int64_t HD>
+void attend_group(const float* qg, const float* kg, const float* vg, float* yg, int64_t group, int64_t hd,
+                  const std::vector<int64_t>& slots, float scale, float* scores) {
+  const int64_t n = static_cast<int64_t>(slots.size());
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < group; ++i) scores[i * n + t] = dot<HD>(qg + i * hd, kg + slots[t] * hd, hd) * scale;
+  for (int64_t i = 0; i < group; ++i) softmax(scores + i * n, n);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < group; ++i) add_scaled<HD>(yg + i * hd, scores[i * n + t], vg + slots[t] * hd, hd);
 }
 
 // q (B, h, 1, hd); k, v (B, h_kv, S, hd); allowed (1, S) bool -> (B, h, 1, hd), all float32
@@ -52,22 +106,17 @@ at::Tensor attend_one(const at::Tensor& q_, const at::Tensor& k_, const at::Tens
   std::vector<int64_t> slots;  // the slots the query may see
   for (int64_t t = 0; t < S; ++t)
     if (seen[t]) slots.push_back(t);
-  std::vector<float> scores(slots.size());
+  std::vector<float> scores(group * slots.size());
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = 0; i < h; ++i) {
-      const int64_t g = i / group;
-      const float* qi = q.data_ptr<float>() + (b * h + i) * hd;
+    for (int64_t g = 0; g < h_kv; ++g) {
+      const float* qg = q.data_ptr<float>() + (b * h + g * group) * hd;
       const float* kg = k.data_ptr<float>() + (b * h_kv + g) * S * hd;
       const float* vg = v.data_ptr<float>() + (b * h_kv + g) * S * hd;
-      float* yi = y.data_ptr<float>() + (b * h + i) * hd;
-      float best = -INFINITY;
-      for (size_t n = 0; n < slots.size(); ++n) {
-        scores[n] = dot(qi, kg + slots[n] * hd, hd) * scale;
-        best = std::max(best, scores[n]);
-      }
-      float total = 0.f;
-      for (float& s : scores) total += (s = std::exp(s - best));
-      for (size_t n = 0; n < slots.size(); ++n) add_scaled(yi, scores[n] / total, vg + slots[n] * hd, hd);
+      float* yg = y.data_ptr<float>() + (b * h + g * group) * hd;
+      // (the common head widths with their loops unrolled as the code is built)
+      if (hd == 64) attend_group<64>(qg, kg, vg, yg, group, hd, slots, scale, scores.data());
+      else if (hd == 128) attend_group<128>(qg, kg, vg, yg, group, hd, slots, scale, scores.data());
+      else attend_group<0>(qg, kg, vg, yg, group, hd, slots, scale, scores.data());
     }
   }
   return y;
