@@ -34,7 +34,7 @@ def test_one_query_against_the_plain_path_and_the_fused_kernel(kv_heads):
     torch.testing.assert_close(ours, fused, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("batch", "kv_heads", "hd"), [(1, 3, 64), (2, 1, 16), (2, 6, 8)])
+@pytest.mark.parametrize(("batch", "kv_heads", "hd"), [(1, 3, 64), (1, 2, 128), (2, 1, 16), (2, 6, 8)])
 def test_the_kernel_reads_only_the_allowed_slots_as_the_plain_path_does(batch, kv_heads, hd, cpp_compiler,
                                                                        monkeypatch):
     """attend.cpp (one query over the slots it may see): the chapter's attention to float32 rounding, for a
