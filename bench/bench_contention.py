@@ -1,9 +1,9 @@
-"""Speed on a busy machine: the default training step and a compiled decoding loop, alone and beside N busy
-processes that this bench starts itself (N = 1, 2, number of cores), each with all cores' threads fixed (torch's
-default) and with lumen's measured thread count (lumen.threads.ThreadTuner, what `lumen train` does when
-threads = 0).
+"""Speed on a busy machine: the default training step, a compiled decoding loop and SmolLM2 decoded from its
+GGUF's blocks by the step compiled ahead of time, alone and beside N busy processes that this bench starts itself
+(N = 1, 2, number of cores), each with all cores' threads fixed (torch's default) and with lumen's measured
+thread count (lumen.threads.ThreadTuner, what `lumen train` does when threads = 0, and the door's decoding).
 
-    .venv/bin/python bench/bench_contention.py [--seconds 4] [--rounds 2] [--only train|decode]
+    .venv/bin/python bench/bench_contention.py [--seconds 4] [--rounds 2] [--only train|decode|decode-aot]
 
 A busy process is one Python interpreter spinning (`while True: pass`). Rounds visit the settings in turn
 (quiet, N=1, N=2, ...; fixed and tuned one after the other in each), so drift in the machine's own load
@@ -19,6 +19,7 @@ docs/speed/contention.json (bench/results.py), which bench/speed_doc.py renders 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -70,6 +71,31 @@ def decoding_step():
         except StopIteration:  # a new prompt when the context is full
             state["steps"] = stream(model, torch.zeros(1, 8, dtype=torch.long), 240, GREEDY, step=decoder.step,
                                     cache_slots=256)
+            next(state["steps"])
+
+    return step, 1
+
+
+def aot_decoding_step(stack: contextlib.ExitStack):
+    """(a function that decodes one token, 1): SmolLM2 from its GGUF's blocks through the door's step compiled
+    ahead of time (`compile="aot"`, its package built before the rounds), greedy; the door stays open on stack."""
+    import torch
+
+    from lumen import fast
+    from lumen.decode import GREEDY, stream
+
+    loaded = fast.load_blocks("smollm2")
+    model = loaded.model
+    stack.enter_context(torch.inference_mode())
+    decoder = stack.enter_context(fast.decoding(model, compile="aot"))
+    prompt = torch.tensor([loaded.tokenizer.encode("The capital of France is")])
+    state = {"steps": iter(())}
+
+    def step() -> None:
+        try:
+            next(state["steps"])
+        except StopIteration:  # a new prompt when the cache is full
+            state["steps"] = stream(model, prompt, 240, GREEDY, step=decoder.step, cache_slots=256)
             next(state["steps"])
 
     return step, 1
@@ -143,7 +169,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="length of each measurement")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", choices=("train", "decode"), default=None)
+    ap.add_argument("--only", choices=("train", "decode", "decode-aot"), default=None)
     args = ap.parse_args()
     import warnings
 
@@ -159,6 +185,10 @@ def main() -> None:
                 rec["train"] = measure("training step (preset shakespeare, compiled)", *training_step(), args)
         if args.only in (None, "decode"):
             rec["decode"] = measure("compiled decoding (baby-llama, one token per step)", *decoding_step(), args)
+        if args.only in (None, "decode-aot"):
+            with contextlib.ExitStack() as stack:
+                rec["decode_aot"] = measure("SmolLM2 decoded from its blocks, the step compiled ahead of time",
+                                            *aot_decoding_step(stack), args)
 
 
 if __name__ == "__main__":

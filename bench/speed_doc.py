@@ -143,7 +143,8 @@ def train(r: dict[str, Any]) -> str:
 
 
 def contention(r: dict[str, Any]) -> str:
-    parts = [(name, r[key]) for key, name in (("train", "training"), ("decode", "decoding")) if key in r]
+    parts = [(name, r[key]) for key, name in (("train", "training"), ("decode", "decoding"),
+                                              ("decode_aot", "SmolLM2 AOT decoding")) if key in r]
     busy = [row["busy"] for row in parts[0][1]["rows"]]
     cores = parts[0][1]["cores"]
     head = ["busy processes"]

@@ -38,8 +38,9 @@ def test_one_query_against_the_plain_path_and_the_fused_kernel(kv_heads):
 def test_the_kernel_reads_only_the_allowed_slots_as_the_plain_path_does(batch, kv_heads, hd, cpp_compiler,
                                                                        monkeypatch):
     """attend.cpp (one query over the slots it may see): the chapter's attention to float32 rounding, for a
-    cache's first slots, a sliding window's slots in the middle, and a single slot; and the one-query
-    class takes it where the kernels are loaded, and the fused sums where they are not."""
+    cache's first slots, a sliding window's slots in the middle, a single slot, and a long run of slots (read
+    in two halves, joined after: the same bits on one thread as on two); and the one-query class takes it
+    where the kernels are loaded, and the fused sums where they are not."""
     from lumen.fast import quant
 
     if not quant.kernels():
@@ -47,13 +48,20 @@ def test_the_kernel_reads_only_the_allowed_slots_as_the_plain_path_does(batch, k
     torch.manual_seed(hd)
     attn = MultiHeadAttention(6 * hd, 6, kv_heads, bias=False).eval()
     q = torch.randn(batch, 6, 1, hd)
-    k, v = torch.randn(batch, kv_heads, 48, hd), torch.randn(batch, kv_heads, 48, hd)
-    slot = torch.arange(48)[None]
-    masks = {"first": slot <= 30, "window": (slot <= 30) & (slot > 22), "one": slot == 0}
+    k, v = torch.randn(batch, kv_heads, 160, hd), torch.randn(batch, kv_heads, 160, hd)
+    slot = torch.arange(160)[None]
+    masks = {"first": slot <= 30, "window": (slot <= 30) & (slot > 22), "one": slot == 0,
+             "long": (slot <= 140) & (slot > 10)}
+    threads = torch.get_num_threads()
     for name, allowed in masks.items():
         plain = attn.attend_plain(q, k, v, allowed)
         got = torch.ops.lumen.attend_one(q, k, v, allowed)
         torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-6, msg=name)
+        torch.set_num_threads(3 - min(threads, 2))  # the other of one and two threads
+        try:
+            assert torch.equal(torch.ops.lumen.attend_one(q, k, v, allowed), got), name
+        finally:
+            torch.set_num_threads(threads)
         one_query_attention(attn)
         for kernels in (True, False):
             monkeypatch.setattr(quant, "_kernels", kernels)

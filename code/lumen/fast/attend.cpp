@@ -9,6 +9,7 @@
 // for its group and without the slots a fixed-size cache holds past the token: a compiled step's loops run
 // over every slot, so early in a long cache most of its work was masked away.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
 
@@ -16,6 +17,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -57,8 +60,8 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(two_k));
 }
 
-// the softmax of n scores in place
-inline void softmax(float* s, int64_t n) {
+// e^(s - max s) for n scores in place; returns (max s, their sum)
+inline std::pair<float, float> exponentiate(float* s, int64_t n) {
   float best = -INFINITY;
   for (int64_t t = 0; t < n; ++t) best = std::max(best, s[t]);
   const __m256 top = _mm256_set1_ps(best);
@@ -73,22 +76,33 @@ inline void softmax(float* s, int64_t n) {
   _mm256_storeu_ps(lanes, sum8);
   for (const float l : lanes) total += l;
   for (; t < n; ++t) total += (s[t] = std::exp(s[t] - best));
-  const __m256 inv = _mm256_set1_ps(1.f / total);
-  for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv));
-  for (; t < n; ++t) s[t] /= total;
+  return {best, total};
 }
 
-// one key head's group of query heads over the slots they may see, each key and value read once for all of them
+// One key head's group of query heads over a run of the slots they may see, each key and value read once for
+// all of them: for each head its largest score, the sum of e^(s - largest) and y = sum_t e^(s_t - largest) v_t
+struct Part {
+  std::vector<float> y, top, total;
+};
+
 template <int64_t HD>
-void attend_group(const float* qg, const float* kg, const float* vg, float* yg, int64_t group, int64_t hd,
-                  const std::vector<int64_t>& slots, float scale, float* scores) {
-  const int64_t n = static_cast<int64_t>(slots.size());
+void attend_part(const float* qg, const float* kg, const float* vg, int64_t group, int64_t hd, const int64_t* slots,
+                 int64_t n, float scale, float* scores, Part& part) {
+  part.y.assign(group * hd, 0.f);
+  part.top.resize(group);
+  part.total.resize(group);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < group; ++i) scores[i * n + t] = dot<HD>(qg + i * hd, kg + slots[t] * hd, hd) * scale;
-  for (int64_t i = 0; i < group; ++i) softmax(scores + i * n, n);
+  for (int64_t i = 0; i < group; ++i) std::tie(part.top[i], part.total[i]) = exponentiate(scores + i * n, n);
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < group; ++i) add_scaled<HD>(yg + i * hd, scores[i * n + t], vg + slots[t] * hd, hd);
+    for (int64_t i = 0; i < group; ++i) add_scaled<HD>(part.y.data() + i * hd, scores[i * n + t], vg + slots[t] * hd, hd);
 }
+
+// A cache of at least this many visible slots is read in two halves, each with a softmax of its own, joined
+// after (a half's sums scaled by e^(its largest score - the largest of both)): the halves run on two threads
+// where torch has two. Whether the slots are halved follows from their number only, so a token's numbers are
+// the same at every thread count.
+constexpr int64_t HALVES_FROM = 64;
 
 // q (B, h, 1, hd); k, v (B, h_kv, S, hd); allowed (1, S) bool -> (B, h, 1, hd), all float32
 at::Tensor attend_one(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_, const at::Tensor& allowed_) {
@@ -99,26 +113,49 @@ at::Tensor attend_one(const at::Tensor& q_, const at::Tensor& k_, const at::Tens
   TORCH_CHECK(k_.size(0) == B && k_.size(3) == hd && hd % 8 == 0 && h % h_kv == 0, "heads and widths");
   TORCH_CHECK(allowed_.scalar_type() == at::kBool && allowed_.numel() == S, "one allowed flag per slot");
   const at::Tensor q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous(), allowed = allowed_.contiguous();
-  at::Tensor y = at::zeros_like(q);
+  at::Tensor y = at::empty_like(q);
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
   const int64_t group = h / h_kv;
   const bool* seen = allowed.data_ptr<bool>();
   std::vector<int64_t> slots;  // the slots the query may see
   for (int64_t t = 0; t < S; ++t)
     if (seen[t]) slots.push_back(t);
-  std::vector<float> scores(group * slots.size());
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t g = 0; g < h_kv; ++g) {
-      const float* qg = q.data_ptr<float>() + (b * h + g * group) * hd;
-      const float* kg = k.data_ptr<float>() + (b * h_kv + g) * S * hd;
-      const float* vg = v.data_ptr<float>() + (b * h_kv + g) * S * hd;
-      float* yg = y.data_ptr<float>() + (b * h + g * group) * hd;
-      // (the common head widths with their loops unrolled as the code is built)
-      if (hd == 64) attend_group<64>(qg, kg, vg, yg, group, hd, slots, scale, scores.data());
-      else if (hd == 128) attend_group<128>(qg, kg, vg, yg, group, hd, slots, scale, scores.data());
-      else attend_group<0>(qg, kg, vg, yg, group, hd, slots, scale, scores.data());
-    }
+  const int64_t n = static_cast<int64_t>(slots.size()), halves = n >= HALVES_FROM ? 2 : 1, items = B * h_kv * halves;
+  std::vector<Part> parts(items);
+  std::vector<float> scores(B * h * n);
+  const float *Q = q.data_ptr<float>(), *K = k.data_ptr<float>(), *V = v.data_ptr<float>();
+  const auto run = [&](int64_t item) {  // item: (row b, key head g, half)
+    const int64_t b = item / (h_kv * halves), g = item / halves % h_kv, half = item % halves;
+    const int64_t lo = half * (n / 2), count = halves == 1 ? n : half == 0 ? n / 2 : n - n / 2;
+    const float *qg = Q + (b * h + g * group) * hd, *kg = K + (b * h_kv + g) * S * hd, *vg = V + (b * h_kv + g) * S * hd;
+    float* sc = scores.data() + (b * h + g * group) * n + group * lo;
+    // (the common head widths with their loops unrolled as the code is built)
+    if (hd == 64) attend_part<64>(qg, kg, vg, group, hd, slots.data() + lo, count, scale, sc, parts[item]);
+    else if (hd == 128) attend_part<128>(qg, kg, vg, group, hd, slots.data() + lo, count, scale, sc, parts[item]);
+    else attend_part<0>(qg, kg, vg, group, hd, slots.data() + lo, count, scale, sc, parts[item]);
+  };
+  if (halves == 2 && at::get_num_threads() > 1 && !at::in_parallel_region()) {
+#pragma omp parallel for num_threads(2)
+    for (int64_t item = 0; item < items; ++item) run(item);
+  } else {
+    for (int64_t item = 0; item < items; ++item) run(item);
   }
+  float* Y = y.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < h_kv; ++g) {
+      const Part* p = parts.data() + (b * h_kv + g) * halves;
+      for (int64_t i = 0; i < group; ++i) {
+        const float top = halves == 1 ? p[0].top[i] : std::max(p[0].top[i], p[1].top[i]);
+        float w[2] = {1.f, 0.f}, total = 0.f;
+        for (int64_t j = 0; j < halves; ++j) total += (w[j] = std::exp(p[j].top[i] - top)) * p[j].total[i];
+        float* yi = Y + (b * h + g * group + i) * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          float sum = w[0] * p[0].y[i * hd + d];
+          if (halves == 2) sum += w[1] * p[1].y[i * hd + d];
+          yi[d] = sum / total;
+        }
+      }
+    }
   return y;
 }
 

@@ -6,7 +6,8 @@ more bytes than the products read. Here the group's query heads share their key 
 queries (B, h, 1, hd) are viewed as (B, h_kv, group, hd), one small product against each key head's slots
 gives the scores, one against its values the average. Where the speed wing's kernels are loaded (quant.py
 builds them; on a CPU, in float32), attend.cpp does the same over only the slots the query may see
-(`lumen::attend_one`): a compiled step's cache has a fixed number of slots, mostly empty early on. The
+(`lumen::attend_one`): a compiled step's cache has a fixed number of slots, mostly empty early on; a long
+run of slots is read in two halves, on two threads where torch has them, the same bits on one. The
 same numbers to float32 rounding (another order of the sums); the pattern is not exposed (lumen.inspect
 reads it from the plain path).
 
