@@ -74,7 +74,9 @@ def profile(r: dict[str, Any]) -> str:
     return ("Decoding SmolLM2 from its GGUF blocks through the door's compiled steps (torch.compile's, and "
             "AOTInductor's: `compile=\"aot\"`), by torch's profiler: products (quant.cpp's kernel), attention "
             "and the other fused kernels, dynamo's guards, the compiled graph's Python wrapper, and the rest "
-            "(the loop's Python; for AOTInductor, its C++ wrapper too).\n\n" + "\n".join(lines))
+            "(the loop's Python; for AOTInductor, its C++ wrapper too). The parts come from builds that record "
+            "each kernel as a profiler event, which run slower (for AOTInductor, the rest is mostly that cost); "
+            "the unprofiled time is the builds a user runs.\n\n" + "\n".join(lines))
 
 
 def rounds(n: int, what: str = "round") -> str:
