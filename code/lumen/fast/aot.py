@@ -71,19 +71,21 @@ def options(model: GPT) -> dict:
     """AOTInductor's settings: the door's compile options; the weights left out of the package (the step
     reads the model's own); each kernel a profiler event or not, as inductor is set (bench/profile_decode.py).
 
-    One package serves every thread count the thread tuner tries: the products split their rows among the
-    threads torch has when the step runs (quant.cpp), and a token's other loops (norms, rotations, the cache's
-    writes) are too small to split at all (DECODE_OPTIONS). inductor's `cpp.dynamic_threads`, which reads the
-    count at run time, would instead make every one of those loops a parallel region of its own: ~300 of them
-    a token, each ending at a barrier, for loops of a few hundred numbers."""
+    One package serves every thread count the thread tuner tries. Where every product is quant.cpp's (a
+    GGUF's blocks), those split their rows among the threads torch has when the step runs, and inductor's own
+    loops (norms, rotations, the cache's writes: a few hundred numbers each) run on one thread: splitting them
+    would make each a parallel region ending at a barrier, ~300 a token. Where inductor writes the products
+    (float weights), its loops read the thread count when the step runs (`cpp.dynamic_threads`)."""
     # (inductor's settings as this process has them; a process that only loads packages never imports it)
     config = sys.modules.get("torch._inductor.config")
     blocks = any(isinstance(m, Blocks) for m in model.modules()) and kernels()
     shims = {torch.ops.lumen.blocks_row.default: [BLOCKS_ROW]} if blocks else {}
     if loaded():  # (one_query_attention's step calls attend.cpp's kernel then)
         shims[torch.ops.lumen.attend_one.default] = [ATTEND_ONE]
+    small_loops_only = blocks and not any(isinstance(m, nn.Linear) for m in model.modules())
+    threads = {"cpp.min_chunk_size": 2**40} if small_loops_only else {"cpp.dynamic_threads": True}
     profiled = bool(config and config.cpp.enable_kernel_profile)
-    return {**DECODE_OPTIONS, "aot_inductor.package_constants_in_so": False,
+    return {**DECODE_OPTIONS, **threads, "aot_inductor.package_constants_in_so": False,
             "aot_inductor.custom_ops_to_c_shims": shims, "cpp.enable_kernel_profile": profiled}
 
 
