@@ -182,9 +182,10 @@ def check_fsdp(device: torch.device) -> None:
         report("fsdp lumen train", one.returncode == 0 and summary.get("device", "").startswith(device.type),
                f"20 steps on {summary.get('device')}, bf16 {summary.get('bf16')}, final val loss "
                f"{summary.get('final_val_loss')}" if one.returncode == 0 else one.stderr.strip()[-600:])
-        sharded = train(f"{tmp}/fsdp", "parallel='fsdp'", "steps=10", torchrun=True)
-        resumed = train(f"{tmp}/fsdp", "parallel='fsdp'", torchrun=True, resume=True) if sharded.returncode == 0 \
-            else sharded
+        # (AdamW: the preset's Muon orthogonalises whole matrices, which FSDP splits between processes)
+        fsdp = ("parallel='fsdp'", "optimizer='adamw'")
+        sharded = train(f"{tmp}/fsdp", *fsdp, "steps=10", torchrun=True)
+        resumed = train(f"{tmp}/fsdp", *fsdp, torchrun=True, resume=True) if sharded.returncode == 0 else sharded
         if resumed.returncode != 0:
             report("fsdp torchrun", False, resumed.stderr.strip()[-600:])
             return

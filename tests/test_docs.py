@@ -186,6 +186,26 @@ def test_every_lumen_command_parses(cmd):
     assert args.command == cmd.argv[0]
 
 
+TRAINING_PAGES = sorted({c.page for c in LUMEN if c.argv[:1] == ("train",)})
+
+
+@pytest.mark.parametrize("page", TRAINING_PAGES)
+def test_every_training_command_resolves_its_config(page, tmp_path, monkeypatch, capsys):
+    """Each `lumen train` of a page, under torchrun too, in the page's order (a config a command writes is there
+    for the next): its preset, file and settings resolve to a config lumen accepts (`--print-config` checks it
+    as a run would), so settings that conflict fail here in seconds, not when a reader runs them."""
+    monkeypatch.chdir(tmp_path)
+    for cmd in (c for c in LUMEN if c.page == page and c.argv[:1] == ("train",)):
+        config = next((w for w in cmd.argv[1:2] if not w.startswith("-")), None)
+        if config is not None and not Path(config).exists():
+            continue  # a template's file (CONFIG.toml): nothing wrote it
+        code = main([*cmd.argv, *([] if "--print-config" in cmd.argv else ["--print-config"])])
+        out = capsys.readouterr().out
+        assert code == 0, str(cmd)
+        if cmd.stdout:
+            Path(cmd.stdout).write_text(out)
+
+
 @pytest.mark.parametrize("cmd", [c for c in COMMANDS if c.program == "make"], ids=str)
 def test_every_make_command_names_a_target(cmd):
     makefile = (ROOT / "Makefile").read_text()
@@ -254,13 +274,14 @@ def test_quick_python_snippets_run(snippet, request, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """page -> the folder its long commands run in, in the page's order (so `generate runs/small` finds the run an
-    earlier command trained); it starts as `make` leaves a checkout: `runs/shakespeare` trained."""
+    earlier command trained); it starts as `make` leaves a checkout: its README, `runs/shakespeare` trained."""
     made: dict[str, Path] = {}
 
     def folder(page: str) -> Path:
         if page not in made:
             made[page] = root = tmp_path_factory.mktemp(page.replace("/", "-").removesuffix(".md"))
             (root / "some.txt").write_text("It is the east, and Juliet is the sun.\n" * 20)
+            (root / "README.md").write_text((ROOT / "README.md").read_text())  # (a page's text to read)
         return made[page]
     return folder
 
