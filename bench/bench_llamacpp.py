@@ -103,20 +103,24 @@ def lumen(weights: str, mode: str, threads: list[int], args: argparse.Namespace)
     return result
 
 
+STREAM = """
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+big = torch.ones(2**28)  # 1 GiB of float32, every page touched
+best = float("inf")
+for _ in range(5):
+    t = time.perf_counter()
+    big.sum()
+    best = min(best, time.perf_counter() - t)
+print(big.numel() * 4 / best)
+"""
+
+
 def streamed(threads: int) -> float:
-    """The memory's speed here now, bytes/s: the best of five sums over 1 GiB of float32 at `threads` threads."""
-    import time
-
-    import torch
-
-    torch.set_num_threads(threads)
-    big = torch.ones(2**28)  # every page touched
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        big.sum()
-        best = min(best, time.perf_counter() - t)
-    return big.numel() * 4 / best
+    """The memory's speed here now, bytes/s: the best of five sums over 1 GiB of float32 at `threads` threads, in
+    a process of its own (the contenders' peak memory is counted from the moment they are forked)."""
+    out = subprocess.run([sys.executable, "-c", STREAM, str(threads)], capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
 
 
 def bandwidth(gguf: Path, threads: int, speeds: list[float]) -> dict:
@@ -160,9 +164,9 @@ def main() -> None:
             if mode == "aot":  # its package built once, unmeasured: the measured processes only load it
                 lumen(weights, mode, threads[:1], argparse.Namespace(tokens=4, prompt=16))
         runs: dict[str, list[dict]] = {name: [] for name in contenders}
-        speeds: list[float] = []
+        streams: list[float] = []
         for r in range(args.rounds):
-            speeds.append(streamed(threads[-1]))
+            streams.append(streamed(threads[-1]))
             for name, fn in contenders.items():
                 runs[name].append(fn())
                 speeds = ", ".join(f"{t}: {x['decode_tok_s']:.1f}" for t, x in runs[name][-1]["threads"].items())
@@ -180,8 +184,8 @@ def main() -> None:
             if "text" in rs[-1]["threads"][threads[0]]:
                 row["text"] = rs[-1]["threads"][threads[0]]["text"][:80]
             rows.append(row)
-        rec.update(model="SmolLM2-135M-Instruct Q4_1 GGUF", tokens=args.tokens, prompt=args.prompt,
-                   rounds=args.rounds, thread_counts=threads, rows=rows, bandwidth=bandwidth(gguf, threads[-1], speeds))
+        rec.update(model="SmolLM2-135M-Instruct Q4_1 GGUF", tokens=args.tokens, prompt=args.prompt, rounds=args.rounds,
+                   thread_counts=threads, rows=rows, bandwidth=bandwidth(gguf, threads[-1], streams))
     base = rows[0]
     for row in rows:
         cells = [f"{t}t {row['threads'][str(t)]['decode_tok_s']:.1f} tok/s "
