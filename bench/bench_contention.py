@@ -55,25 +55,30 @@ def decoding_step():
     import torch
 
     from lumen import GPT, ModelConfig
-    from lumen.decode import GREEDY, stream
     from lumen.fast.decoding import Decoder
     from lumen.fast.packing import fast_linears
 
     torch.manual_seed(0)
     model = GPT(ModelConfig.from_name("baby-llama")).eval()
     fast_linears(model)  # (what lumen.fast.decoding does on entering; this bench times its own steps)
-    decoder = Decoder(model, compile=True)
+    return one_token(model, torch.zeros(1, 8, dtype=torch.long), Decoder(model, compile=True).step), 1
+
+
+def one_token(model, prompt, decode_step):
+    """A function that decodes one more greedy token through decode_step, and starts again from the prompt
+    when the 256-slot cache is full."""
+    from lumen.decode import GREEDY, stream
+
     state = {"steps": iter(())}
 
     def step() -> None:
         try:
             next(state["steps"])
-        except StopIteration:  # a new prompt when the context is full
-            state["steps"] = stream(model, torch.zeros(1, 8, dtype=torch.long), 240, GREEDY, step=decoder.step,
-                                    cache_slots=256)
+        except StopIteration:
+            state["steps"] = stream(model, prompt, 240, GREEDY, step=decode_step, cache_slots=256)
             next(state["steps"])
 
-    return step, 1
+    return step
 
 
 def aot_decoding_step(stack: contextlib.ExitStack):
@@ -82,23 +87,13 @@ def aot_decoding_step(stack: contextlib.ExitStack):
     import torch
 
     from lumen import fast
-    from lumen.decode import GREEDY, stream
 
     loaded = fast.load_blocks("smollm2")
     model = loaded.model
     stack.enter_context(torch.inference_mode())
     decoder = stack.enter_context(fast.decoding(model, compile="aot"))
     prompt = torch.tensor([loaded.tokenizer.encode("The capital of France is")])
-    state = {"steps": iter(())}
-
-    def step() -> None:
-        try:
-            next(state["steps"])
-        except StopIteration:  # a new prompt when the cache is full
-            state["steps"] = stream(model, prompt, 240, GREEDY, step=decoder.step, cache_slots=256)
-            next(state["steps"])
-
-    return step, 1
+    return one_token(model, prompt, decoder.step), 1
 
 
 def rate(step, per_step: int, seconds: float, tuner) -> float:

@@ -51,7 +51,8 @@ inline void add_scaled(float* y, float a, const float* x, int64_t hd) {
 // that r is exact), e^r by its Taylor series to r^6 (|r| <= ln 2 / 2: within a unit in the last place)
 inline __m256 exp8(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));  // (e^-87 is still a normal float)
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 k =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
   r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
   __m256 p = _mm256_set1_ps(1.f / 720);
@@ -79,23 +80,17 @@ inline std::pair<float, float> exponentiate(float* s, int64_t n) {
   return {best, total};
 }
 
-// One key head's group of query heads over a run of the slots they may see, each key and value read once for
-// all of them: for each head its largest score, the sum of e^(s - largest) and y = sum_t e^(s_t - largest) v_t
-struct Part {
-  std::vector<float> y, top, total;
-};
-
+// One key head's group of query heads over a run of n of the slots they may see, each key and value read once
+// for all of them: for each head i its largest score top[i], total[i] = sum_t e^(s_t - top[i]) and
+// y[i] = sum_t e^(s_t - top[i]) v_t (hd numbers, zeroed before)
 template <int64_t HD>
 void attend_part(const float* qg, const float* kg, const float* vg, int64_t group, int64_t hd, const int64_t* slots,
-                 int64_t n, float scale, float* scores, Part& part) {
-  part.y.assign(group * hd, 0.f);
-  part.top.resize(group);
-  part.total.resize(group);
+                 int64_t n, float scale, float* scores, float* y, float* top, float* total) {
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < group; ++i) scores[i * n + t] = dot<HD>(qg + i * hd, kg + slots[t] * hd, hd) * scale;
-  for (int64_t i = 0; i < group; ++i) std::tie(part.top[i], part.total[i]) = exponentiate(scores + i * n, n);
+  for (int64_t i = 0; i < group; ++i) std::tie(top[i], total[i]) = exponentiate(scores + i * n, n);
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < group; ++i) add_scaled<HD>(part.y.data() + i * hd, scores[i * n + t], vg + slots[t] * hd, hd);
+    for (int64_t i = 0; i < group; ++i) add_scaled<HD>(y + i * hd, scores[i * n + t], vg + slots[t] * hd, hd);
 }
 
 // A cache of at least this many visible slots is read in two halves, each with a softmax of its own, joined
@@ -121,18 +116,20 @@ at::Tensor attend_one(const at::Tensor& q_, const at::Tensor& k_, const at::Tens
   for (int64_t t = 0; t < S; ++t)
     if (seen[t]) slots.push_back(t);
   const int64_t n = static_cast<int64_t>(slots.size()), halves = n >= HALVES_FROM ? 2 : 1, items = B * h_kv * halves;
-  std::vector<Part> parts(items);
-  std::vector<float> scores(B * h * n);
+  // for each item (row b, key head g, half): its group's scores, and each head's top, total and y
+  std::vector<float> scores(B * h * n), ys(items * group * hd, 0.f), tops(items * group), totals(items * group);
   const float *Q = q.data_ptr<float>(), *K = k.data_ptr<float>(), *V = v.data_ptr<float>();
-  const auto run = [&](int64_t item) {  // item: (row b, key head g, half)
+  const auto run = [&](int64_t item) {
     const int64_t b = item / (h_kv * halves), g = item / halves % h_kv, half = item % halves;
     const int64_t lo = half * (n / 2), count = halves == 1 ? n : half == 0 ? n / 2 : n - n / 2;
-    const float *qg = Q + (b * h + g * group) * hd, *kg = K + (b * h_kv + g) * S * hd, *vg = V + (b * h_kv + g) * S * hd;
+    const float* qg = Q + (b * h + g * group) * hd;
+    const float *kg = K + (b * h_kv + g) * S * hd, *vg = V + (b * h_kv + g) * S * hd;
     float* sc = scores.data() + (b * h + g * group) * n + group * lo;
+    float *yp = ys.data() + item * group * hd, *top = tops.data() + item * group, *total = totals.data() + item * group;
     // (the common head widths with their loops unrolled as the code is built)
-    if (hd == 64) attend_part<64>(qg, kg, vg, group, hd, slots.data() + lo, count, scale, sc, parts[item]);
-    else if (hd == 128) attend_part<128>(qg, kg, vg, group, hd, slots.data() + lo, count, scale, sc, parts[item]);
-    else attend_part<0>(qg, kg, vg, group, hd, slots.data() + lo, count, scale, sc, parts[item]);
+    if (hd == 64) attend_part<64>(qg, kg, vg, group, hd, slots.data() + lo, count, scale, sc, yp, top, total);
+    else if (hd == 128) attend_part<128>(qg, kg, vg, group, hd, slots.data() + lo, count, scale, sc, yp, top, total);
+    else attend_part<0>(qg, kg, vg, group, hd, slots.data() + lo, count, scale, sc, yp, top, total);
   };
   if (halves == 2 && at::get_num_threads() > 1 && !at::in_parallel_region()) {
 #pragma omp parallel for num_threads(2)
@@ -140,21 +137,18 @@ at::Tensor attend_one(const at::Tensor& q_, const at::Tensor& k_, const at::Tens
   } else {
     for (int64_t item = 0; item < items; ++item) run(item);
   }
+  // the halves joined: each one's sums scaled by e^(its top - the top of both)
   float* Y = y.data_ptr<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t g = 0; g < h_kv; ++g) {
-      const Part* p = parts.data() + (b * h_kv + g) * halves;
-      for (int64_t i = 0; i < group; ++i) {
-        const float top = halves == 1 ? p[0].top[i] : std::max(p[0].top[i], p[1].top[i]);
-        float w[2] = {1.f, 0.f}, total = 0.f;
-        for (int64_t j = 0; j < halves; ++j) total += (w[j] = std::exp(p[j].top[i] - top)) * p[j].total[i];
-        float* yi = Y + (b * h + g * group + i) * hd;
-        for (int64_t d = 0; d < hd; ++d) {
-          float sum = w[0] * p[0].y[i * hd + d];
-          if (halves == 2) sum += w[1] * p[1].y[i * hd + d];
-          yi[d] = sum / total;
-        }
-      }
+  for (int64_t bg = 0; bg < B * h_kv; ++bg)
+    for (int64_t i = 0; i < group; ++i) {
+      const int64_t first = bg * halves * group + i;  // (item bg * halves + j holds head i at first + j * group)
+      float best = -INFINITY, w[2], sum = 0.f;
+      for (int64_t j = 0; j < halves; ++j) best = std::max(best, tops[first + j * group]);
+      for (int64_t j = 0; j < halves; ++j)
+        sum += (w[j] = std::exp(tops[first + j * group] - best)) * totals[first + j * group];
+      const float *y0 = ys.data() + first * hd, *y1 = y0 + group * hd;
+      float* yi = Y + (bg * group + i) * hd;
+      for (int64_t d = 0; d < hd; ++d) yi[d] = (halves == 1 ? w[0] * y0[d] : w[0] * y0[d] + w[1] * y1[d]) / sum;
     }
   return y;
 }
