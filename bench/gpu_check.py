@@ -336,7 +336,7 @@ def check_blocks(device: torch.device) -> None:
     many = (blocks[here](ids.to(device))[0] - dense(ids.to(device))[0]).abs().max().item()  # a prompt's rows
     one_row = {where: m(ids[:, :1].to(where))[0].float().cpu() for where, m in blocks.items()}  # a decoded token
     row = (one_row[here] - one_row["cpu"]).abs().max().item()
-    on_device = blocks[here].lm_head.blocks.codes.device  # type: ignore[union-attr]
+    on_device = blocks[here].lm_head.blocks.quads.device  # type: ignore[union-attr]
     quant = sys.modules[type(blocks[here].lm_head).__module__]  # lumen's quant module, wherever it lives
     kernel = "quant.cpp's kernel" if quant.kernels() else "torch's formula (the kernel did not build here)"
     t0 = time.perf_counter()

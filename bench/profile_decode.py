@@ -28,7 +28,8 @@ STEPS = {"threads": True, "aot": "aot"}  # the record's key for each step: the d
 
 def part(name: str) -> str | None:
     """Which part of a token's time a profiler event is (None: an event that only contains others)."""
-    if name in ("lumen::blocks_row", "aoti_torch_cpu_blocks_row", "aten::mm", "aten::addmm", "lumen::onednn_linear"):
+    if name in ("lumen::q4_1_row", "lumen::q8_0_row", "aoti_torch_cpu_q4_1_row", "aoti_torch_cpu_q8_0_row", "aten::mm",
+                "aten::addmm", "lumen::onednn_linear"):
         return "products"
     if name in ("lumen::attend_one", "aoti_torch_cpu_attend_one"):
         return "attention"

@@ -68,11 +68,34 @@ def rounded_reference(x: torch.Tensor, tensor, reference: torch.Tensor) -> torch
 
 
 @pytest.mark.parametrize("qtype", TYPES)
-@pytest.mark.parametrize(("out", "n"), [(1, 32), (7, 96), (33, 544), (50, 1056)])
+@pytest.mark.parametrize("out", [1, 7, 50, 96])
+def test_quads_hold_the_files_bytes_in_another_order(qtype, out):
+    """Blocks keep a matrix in quads (quant.pack): four rows, four blocks at a time, codes then scales (and
+    minima). Each byte of the file's blocks is there once (the rows past the matrix are zeros), and `file_rows`
+    gives back the file's layout, for every row, any slice and any list of rows."""
+    from lumen.fast.quant import ROWS
+
+    for n in (32, 96, 128, 544):  # 1, 3, 4 and 17 blocks: a row's last group of 1-4
+        tensor, _ = quantized_tensor(qtype, out, n, seed=n)
+        codes, scale, minimum = stored_blocks(tensor)
+        blocks = Blocks(codes, scale, minimum)
+        file_bytes = np.asarray(tensor.data, dtype=np.uint8).reshape(-1)
+        quads, zeros = blocks.quads.numpy().reshape(-1), (-out % ROWS) * file_bytes.size // out  # (padding rows)
+        assert blocks.quads.shape[0] == -(-out // ROWS) and quads.size == file_bytes.size + zeros
+        counts = np.bincount(quads, minlength=256) - np.bincount(file_bytes, minlength=256)
+        assert counts[0] == zeros and not counts[1:].any()
+        pick = torch.tensor([[out - 1, 0], [0, out // 3]])
+        for rows in (slice(None), slice(1, out), slice(out // 2, out // 2 + 1), pick):
+            for got, want in zip(blocks.file_rows(rows), (codes, scale, minimum)):
+                assert (got is None) == (want is None) and (want is None or torch.equal(got, want[rows]))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize(("out", "n"), [(1, 32), (7, 96), (12, 64), (8, 128), (33, 544), (50, 1056)])
 def test_kernels_at_every_count_of_rows_and_blocks(qtype, out, n, cpp_compiler):
-    """quant.cpp walks a matrix two rows and four blocks at a time where the CPU has AVX-512 (one row, two
-    blocks, where it has AVX2), the minima sixteen blocks at a time, and splits rows between threads: odd
-    rows, a last 1-3 blocks and 17 or 33 minima all meet the float64 formula, at one thread and at two."""
+    """quant.cpp walks a matrix in quads, four rows and four blocks at a time (with AVX-512; one row and one
+    block at a time of the same layout with AVX2), and splits the quads between threads: rows past the last
+    quad's, a last group of 1-4 blocks, all meet the float64 formula, at one thread and at two."""
     from lumen.fast import quant
 
     if not quant.kernels():
@@ -85,7 +108,8 @@ def test_kernels_at_every_count_of_rows_and_blocks(qtype, out, n, cpp_compiler):
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            y = torch.ops.lumen.blocks_row(x, blocks.codes, blocks.scale, blocks.minimum)
+            y = blocks.row_product(x)
+            assert y.shape == (out,)
             torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
     finally:
         torch.set_num_threads(before)
@@ -250,8 +274,7 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
             assert len(inputs) == 30 * 7 + 1
             for layer, x in inputs.items():
                 b = layer.blocks
-                y = torch.ops.lumen.blocks_row(x, b.codes, b.scale, b.minimum)
-                torch.testing.assert_close(y, b.rounded_row_product(x), rtol=1e-5, atol=1e-4)
+                torch.testing.assert_close(b.row_product(x), b.rounded_row_product(x), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.smoke  # (the block path's real-model test in make test)
@@ -337,11 +360,11 @@ def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
         layers = [getattr(m, n) for m, n in names]
         assert [type(x) is SharedQuantLinear for x in layers] == [True] * 5 + [False]
         for group in (layers[:3], layers[3:5]):
-            stack = group[0].shared.blocks.codes
+            stack = group[0].shared.blocks.quads
             assert all(x.shared is group[0].shared for x in group)
-            assert all(x.blocks.codes.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+            assert all(x.blocks.quads.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
                        for x in group)
-            assert stack.shape[0] == sum(x.out_features for x in group)
+            assert 4 * stack.shape[0] == sum(x.out_features for x in group)
         after = [(x(one), x(many)) for x in layers]
         for (y1, yn), (z1, zn) in zip(before, after):
             torch.testing.assert_close(z1, y1, rtol=1e-6, atol=1e-6)

@@ -14,7 +14,7 @@ one architecture share it.
 
 The tokens are lumen.decode's (the same loop, the same `Sampling`); a step's numbers are torch.compile's
 kernels' to float32 rounding. A GGUF's block products stay the custom op they are (quant.cpp's
-`lumen::blocks_row`), called from the package.
+`lumen::q4_1_row`, `lumen::q8_0_row`), called from the package.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ class OneTokenStep(nn.Module):
 
 # quant.cpp's block product and attend.cpp's attention as C functions: the package calls them directly (no
 # boxed call through the dispatcher)
-BLOCKS_ROW = ("AOTITorchError aoti_torch_cpu_blocks_row(AtenTensorHandle x, AtenTensorHandle codes, "
-              "AtenTensorHandle scale, AtenTensorHandle* minimum, AtenTensorHandle* ret0)")
+ROW_PRODUCTS = {kind: f"AOTITorchError aoti_torch_cpu_{kind}_row(AtenTensorHandle x, AtenTensorHandle quads, "
+                      "AtenTensorHandle* ret0)" for kind in ("q4_1", "q8_0")}
 ATTEND_ONE = ("AOTITorchError aoti_torch_cpu_attend_one(AtenTensorHandle q, AtenTensorHandle k, "
               "AtenTensorHandle v, AtenTensorHandle allowed, AtenTensorHandle* ret0)")
 
@@ -79,7 +79,7 @@ def options(model: GPT) -> dict:
     # (inductor's settings as this process has them; a process that only loads packages never imports it)
     config = sys.modules.get("torch._inductor.config")
     blocks = any(isinstance(m, Blocks) for m in model.modules()) and kernels()
-    shims = {torch.ops.lumen.blocks_row.default: [BLOCKS_ROW]} if blocks else {}
+    shims = {getattr(torch.ops.lumen, f"{kind}_row").default: [c] for kind, c in ROW_PRODUCTS.items()} if blocks else {}
     if loaded():  # (one_query_attention's step calls attend.cpp's kernel then)
         shims[torch.ops.lumen.attend_one.default] = [ATTEND_ONE]
     small_loops_only = blocks and not any(isinstance(m, nn.Linear) for m in model.modules())

@@ -27,10 +27,10 @@
 namespace {
 
 constexpr int64_t BLOCK = 32;
-// How far ahead the loops ask for memory: the codes 2 KiB ahead, the scales and minima eight rows ahead. A
-// product reads each weight once, from memory; the CPU's own prefetcher, starting anew at every matrix and
-// following three streams, leaves a good part of the bandwidth unused.
-constexpr int64_t AHEAD_BYTES = 2048, AHEAD_ROWS = 8;
+// How far ahead a product asks for memory: a product reads each weight once, from memory, in one stream (see
+// the quads below). The CPU's own prefetcher does not run far enough ahead of it: measured on a 2-core EPYC VM,
+// one thread read 25 GB/s asking 2 KiB ahead, 35 GB/s at 16 KiB (its plain sum over memory: 39).
+constexpr int64_t AHEAD_BYTES = 16384;
 
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
@@ -60,7 +60,7 @@ struct RoundedRow {
   std::vector<int8_t> q;
   std::vector<float> step, sum;
 
-  RoundedRow(const float* x, int64_t n) : q(n), step(n / BLOCK), sum(n / BLOCK) {
+  RoundedRow(const float* x, int64_t n) : q(n + 128), step(n / BLOCK), sum(n / BLOCK) {  // (q: zeros after, for a last group's loads)
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undo the packs' lane interleaving
     for (int64_t b = 0; b < n / BLOCK; ++b) {
@@ -87,176 +87,199 @@ struct RoundedRow {
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
 
-void check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, int64_t n) {
-  TORCH_CHECK(x.dim() == 1 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: one contiguous float32 row");
-  TORCH_CHECK(x.size(0) == n && n % BLOCK == 0, "x has ", x.size(0), " numbers, the blocks ", n);
-  TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous() && scale.scalar_type() == at::kHalf, "blocks' layout");
-  TORCH_CHECK(scale.size(0) == codes.size(0) && scale.size(1) == n / BLOCK, "one scale per block");
-}
+// The quads layout (quant.py's `pack`): four rows side by side, four blocks (a group) at a time, each
+// group's bytes in one run: the four rows' codes, then the group's scales (and, for Q4_1, minima) as
+// float16, block by block, the four rows' of each block together. A matrix is then one stream of bytes,
+// read once from start to end (the CPU's prefetcher follows one stream well, and the three of the file's
+// layout, codes, scales and minima, in two interleaved rows, badly), and one pass of x serves four rows.
+// A row's last group holds its last 1-3 blocks (in / 32 need not be a multiple of 4).
+constexpr int64_t ROWS = 4, GROUP = 4;
 
-// Q8_0: signed codes, one a byte. |q| goes in as the unsigned factor, x takes q's sign.
-at::Tensor q8_0(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale) {
-  const int64_t out = codes.size(0), n = codes.size(1), nb = n / BLOCK;
-  check(x, codes, scale, n);
-  TORCH_CHECK(codes.scalar_type() == at::kChar, "Q8_0 codes are int8");
-  const RoundedRow r(x.data_ptr<float>(), n);
-  at::Tensor y = at::empty({out}, x.options());
-  const int8_t* C = codes.data_ptr<int8_t>();
-  const uint16_t* S = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>());
-  float* Y = y.data_ptr<float>();
-  at::parallel_for(0, out, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o) {
-      const int8_t* c = C + o * n;
-      const uint16_t* d = S + o * nb;
-      prefetch(d + AHEAD_ROWS * nb);
-      // four running sums, so that no block waits for the one before it
-      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t b = 0; b < nb; ++b) {
-        prefetch(c + b * BLOCK + AHEAD_BYTES);
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + b * BLOCK));
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.q.data() + b * BLOCK));
-        const __m256i t = dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(xq, q));
-        acc[b & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(half(d[b]) * r.step[b]), acc[b & 3]);
-      }
-      Y[o] = sum8(acc[0], acc[1], acc[2], acc[3]);
-    }
-  });
-  return y;
-}
-
-// x's 8-bit numbers in a Q4_1 block's byte order: for each block its numbers 0-15 (they meet the low halves
-// of the block's 16 bytes) and 16-31 (the high halves); each block's step four times (its 4 integer sums)
-struct NibbleOrder {
+// x as the quads meet it: its 8-bit numbers (for Q4_1 split by a block's byte halves: numbers 0-15 meet the
+// low halves of the block's 16 bytes, 16-31 the high halves), and per block, four times over (a block's four
+// rows), its step dx, its float sum (for the minima) and 128 times its integer sum (for Q8_0's codes, read
+// as unsigned q + 128).
+struct QuadRow {
   std::vector<int8_t> low, high;
-  std::vector<float> step4;
+  std::vector<float> step4, sum4;
+  std::vector<int32_t> offset4;
 
-  NibbleOrder(const RoundedRow& r, int64_t nb) : low(nb * 16 + 64), high(nb * 16 + 64), step4(nb * 4 + 16) {
+  QuadRow(const RoundedRow& r, int64_t nb)
+      : low(nb * 16 + 64), high(nb * 16 + 64), step4(nb * 4 + 16), sum4(nb * 4 + 16), offset4(nb * 4 + 16) {
     for (int64_t b = 0; b < nb; ++b) {
-      std::copy_n(r.q.data() + b * BLOCK, 16, low.data() + b * 16);
-      std::copy_n(r.q.data() + b * BLOCK + 16, 16, high.data() + b * 16);
+      const int8_t* q = r.q.data() + b * BLOCK;
+      std::copy_n(q, 16, low.data() + b * 16);
+      std::copy_n(q + 16, 16, high.data() + b * 16);
+      int32_t s = 0;
+      for (int64_t j = 0; j < BLOCK; ++j) s += q[j];
       std::fill_n(step4.data() + b * 4, 4, r.step[b]);
+      std::fill_n(sum4.data() + b * 4, 4, r.sum[b]);
+      std::fill_n(offset4.data() + b * 4, 4, 128 * s);
     }
   }
 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define LUMEN_ROWS2 1
-// two Q4_1 rows side by side (they share x's loads), four blocks (64 bytes of codes) at a time; the last
-// few blocks through masks
-inline void q4_1_rows2(const uint8_t* c, const uint16_t* d, const uint16_t* m, int64_t nb, const NibbleOrder& x,
-                       const RoundedRow& r, float* y) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  // block k -> lanes 4k..4k+3
-  const int64_t row = nb * 16;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b += 4) {
-    const int64_t k = std::min<int64_t>(4, nb - b);
-    const __mmask64 bytes = k == 4 ? ~0ULL : (1ULL << (16 * k)) - 1;
-    const __mmask8 four = static_cast<__mmask8>((1 << k) - 1);
-    prefetch(c + b * 16 + AHEAD_BYTES);
-    prefetch(c + row + b * 16 + AHEAD_BYTES);
-    const __m512i xl = _mm512_loadu_si512(x.low.data() + b * 16), xh = _mm512_loadu_si512(x.high.data() + b * 16);
-    const __m512 step = _mm512_loadu_ps(x.step4.data() + b * 4);
-    const __m512i v0 = _mm512_maskz_loadu_epi8(bytes, c + b * 16), v1 = _mm512_maskz_loadu_epi8(bytes, c + row + b * 16);
-    __m512i t0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v0, nibble), xl);
-    __m512i t1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v1, nibble), xl);
-    t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(_mm512_srli_epi16(v0, 4), nibble), xh);
-    t1 = _mm512_dpbusd_epi32(t1, _mm512_and_si512(_mm512_srli_epi16(v1, 4), nibble), xh);
-    const __m512 d0 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_maskz_loadu_epi16(four, d + b))));
-    const __m512 d1 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_maskz_loadu_epi16(four, d + nb + b))));
-    acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t0), _mm512_mul_ps(d0, step), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), _mm512_mul_ps(d1, step), acc1);
-  }
-  for (int64_t b = 0; b < nb; b += 16) {  // the minima times x's block sums, sixteen blocks at a time
-    const __mmask16 k = nb - b >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (nb - b)) - 1);
-    const __m512 s = _mm512_maskz_loadu_ps(k, r.sum.data() + b);
-    acc0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + b)), s, acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + nb + b)), s, acc1);
-  }
-  y[0] = _mm512_reduce_add_ps(acc0);
-  y[1] = _mm512_reduce_add_ps(acc1);
-}
-#endif
-// one Q4_1 row, two blocks (32 bytes of codes) at a time
-inline float q4_1_row(const uint8_t* c, const uint16_t* d, const uint16_t* m, int64_t nb, const NibbleOrder& x,
-                      const RoundedRow& r) {
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    prefetch(c + b * 16 + AHEAD_BYTES);
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + b * 16));
-    const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-    __m256i t = dot_u8s8(_mm256_setzero_si256(), lo,
-                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.low.data() + b * 16)));
-    t = dot_u8s8(t, hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.high.data() + b * 16)));
-    // sums 0-3 belong to block b, 4-7 to block b + 1
-    const __m256 db = _mm256_set_m128(_mm_set1_ps(half(d[b + 1])), _mm_set1_ps(half(d[b])));
-    const __m256 scaled = _mm256_mul_ps(db, _mm256_loadu_ps(x.step4.data() + b * 4));
-    acc[(b / 2) & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), scaled, acc[(b / 2) & 3]);
-  }
-  int64_t k = 0;  // the minima, eight blocks at a time
-  for (; k + 8 <= nb; k += 8) {
-    const __m256 mk = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m + k)));
-    acc[(k / 8) & 3] = _mm256_fmadd_ps(mk, _mm256_loadu_ps(r.sum.data() + k), acc[(k / 8) & 3]);
-  }
-  float total = sum8(acc[0], acc[1], acc[2], acc[3]);
-  for (; k < nb; ++k) total += half(m[k]) * r.sum[k];
-  for (; b < nb; ++b) {  // an odd last block
-    int32_t t = 0;
-    for (int64_t j = 0; j < 16; ++j) t += (c[b * 16 + j] & 15) * x.low[b * 16 + j] + (c[b * 16 + j] >> 4) * x.high[b * 16 + j];
-    total += static_cast<float>(t) * (half(d[b]) * r.step[b]);
-  }
-  return total;
+// Four rows' integer sums, each in four parts per block (lanes 4j..4j+3: block j), added up per block:
+// lanes 4j..4j+3 become block j's sums of rows 0, 1, 2, 3 (the order of a group's scales).
+inline __m512i per_block(__m512i t0, __m512i t1, __m512i t2, __m512i t3) {
+  const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(t0, t1), _mm512_unpackhi_epi32(t0, t1));
+  const __m512i b = _mm512_add_epi32(_mm512_unpacklo_epi32(t2, t3), _mm512_unpackhi_epi32(t2, t3));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
 }
 
-// Q4_1: codes 0..15, two a byte as the file packs them (a block's 16 bytes hold its numbers 0-15 in their
-// low halves and 16-31 in their high halves)
-at::Tensor q4_1(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& minimum) {
-  const int64_t out = codes.size(0), n = codes.size(1) * 2, nb = n / BLOCK;
-  check(x, codes, scale, n);
-  TORCH_CHECK(codes.scalar_type() == at::kByte, "Q4_1 codes are uint8, two to a byte");
-  TORCH_CHECK(minimum.sizes() == scale.sizes() && minimum.is_contiguous() && minimum.scalar_type() == at::kHalf,
-              "one minimum per block");
-  const RoundedRow r(x.data_ptr<float>(), n);
-  const NibbleOrder xo(r, nb);
-  at::Tensor y = at::empty({out}, x.options());
-  const uint8_t* C = codes.data_ptr<uint8_t>();
-  const uint16_t* S = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>());
-  const uint16_t* M = reinterpret_cast<const uint16_t*>(minimum.data_ptr<at::Half>());
-  float* Y = y.data_ptr<float>();
-  at::parallel_for(0, out, 16, [&](int64_t begin, int64_t end) {
-    int64_t o = begin;
-#ifdef LUMEN_ROWS2
-    for (; o + 2 <= end; o += 2) {
-      prefetch(S + (o + AHEAD_ROWS) * nb);
-      prefetch(M + (o + AHEAD_ROWS) * nb);
-      q4_1_rows2(C + o * (n / 2), S + o * nb, M + o * nb, nb, xo, r, Y + o);
+// The four rows' y from an accumulator whose lanes 4j+r hold row r's share of block j
+inline void store4(__m512 acc, float* y) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+  _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
+// One quad of Q4_1 rows, a group (k blocks: 64 k bytes of codes, 4 k scales, 4 k minima) at a time
+inline void q4_1_quad(const uint8_t* p, int64_t nb, const QuadRow& x, float* y) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 acc = _mm512_setzero_ps(), low = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b += GROUP) {
+    const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 16 * k;
+    const __mmask64 bytes = k == GROUP ? ~0ULL : (1ULL << row) - 1;
+    const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * k)) - 1);
+    for (int64_t a = 0; a < 80 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
+    const __m512i xl = _mm512_loadu_si512(x.low.data() + b * 16), xh = _mm512_loadu_si512(x.high.data() + b * 16);
+    __m512i t[ROWS];
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512i v = _mm512_maskz_loadu_epi8(bytes, p + r * row);
+      t[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, nibble), xl);
+      t[r] = _mm512_dpbusd_epi32(t[r], _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), xh);
     }
+    const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, p + ROWS * row));
+    const __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, p + ROWS * row + 8 * k));
+    const __m512 sums = _mm512_cvtepi32_ps(per_block(t[0], t[1], t[2], t[3]));
+    acc = _mm512_fmadd_ps(sums, _mm512_mul_ps(d, _mm512_loadu_ps(x.step4.data() + b * 4)), acc);
+    low = _mm512_fmadd_ps(m, _mm512_loadu_ps(x.sum4.data() + b * 4), low);  // the minima times x's sums
+    p += ROWS * row + 16 * k;
+  }
+  store4(_mm512_add_ps(acc, low), y);
+}
+
+// One quad of Q8_0 rows, a group (k blocks: 128 k bytes of codes, 4 k scales) at a time. A code q is read
+// as the unsigned q + 128 (the instruction multiplies unsigned by signed bytes): each block's sum then
+// holds 128 times x's integer sum too, taken off before scaling.
+inline void q8_0_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, float* y) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b += GROUP) {
+    const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 32 * k;
+    const __mmask64 first = k >= 2 ? ~0ULL : (1ULL << row) - 1;
+    const __mmask64 second = k == GROUP ? ~0ULL : k <= 2 ? 0ULL : (1ULL << (row - 64)) - 1;
+    const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * k)) - 1);
+    for (int64_t a = 0; a < 136 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
+    const __m512i x0 = _mm512_loadu_si512(r.q.data() + b * BLOCK), x1 = _mm512_loadu_si512(r.q.data() + b * BLOCK + 64);
+    __m512i t[ROWS];
+    for (int i = 0; i < ROWS; ++i) {  // blocks 0-1 and 2-3 of the group: eight lanes a block
+      const __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                            _mm512_xor_si512(_mm512_maskz_loadu_epi8(first, p + i * row), flip), x0);
+      const __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                            _mm512_xor_si512(_mm512_maskz_loadu_epi8(second, p + i * row + 64), flip), x1);
+      // four lanes a block: block j's two 128-bit quarters added
+      t[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(a, c, 0x88), _mm512_shuffle_i32x4(a, c, 0xDD));
+    }
+    const __m512i exact = _mm512_sub_epi32(per_block(t[0], t[1], t[2], t[3]),
+                                           _mm512_loadu_si512(x.offset4.data() + b * 4));
+    const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, p + ROWS * row));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, _mm512_loadu_ps(x.step4.data() + b * 4)), acc);
+    p += ROWS * row + 8 * k;
+  }
+  store4(acc, y);
+}
+#else
+// AVX2: one row of a quad at a time, a block at a time (the same sums; no AVX-512 here)
+inline void quad_rows(const uint8_t* p, int64_t nb, const RoundedRow& x, bool q4_1, float* y) {
+  float out[ROWS] = {0, 0, 0, 0};
+  for (int64_t b = 0; b < nb; b += GROUP) {
+    const int64_t k = std::min<int64_t>(GROUP, nb - b), row = (q4_1 ? 16 : 32) * k;
+    for (int64_t a = 0; a < (q4_1 ? 80 : 136) * k; a += 64) prefetch(p + AHEAD_BYTES + a);
+    const uint16_t* d = reinterpret_cast<const uint16_t*>(p + ROWS * row);
+    for (int r = 0; r < ROWS; ++r) {
+      for (int64_t j = 0; j < k; ++j) {
+        const uint8_t* c = p + r * row + j * (row / k);
+        const int8_t* xq = x.q.data() + (b + j) * BLOCK;
+        __m256i v, s;
+        if (q4_1) {  // a block's 16 bytes: numbers 0-15 in the low halves, 16-31 in the high halves
+          const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c));
+          v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(h, 4), h), _mm256_set1_epi8(0x0F));
+          s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+        } else {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
+          v = _mm256_sign_epi8(q, q);
+          s = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)), q);
+        }
+        const __m256i t = dot_u8s8(_mm256_setzero_si256(), v, s);
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+        h = _mm_hadd_epi32(h, h);
+        h = _mm_hadd_epi32(h, h);
+        out[r] += static_cast<float>(_mm_cvtsi128_si32(h)) * (half(d[4 * j + r]) * x.step[b + j]);
+        if (q4_1) out[r] += half(d[4 * k + 4 * j + r]) * x.sum[b + j];
+      }
+    }
+    p += ROWS * row + (q4_1 ? 16 : 8) * k;
+  }
+  std::copy_n(out, ROWS, y);
+}
 #endif
-    for (; o < end; ++o) Y[o] = q4_1_row(C + o * (n / 2), S + o * nb, M + o * nb, nb, xo, r);
+
+// y (4 x quads) = x @ w.T from a matrix in quads (quant.py's layout), Q4_1 or Q8_0; the quads split between
+// the threads (each thread reads one stretch of the stream)
+at::Tensor quads_row(const at::Tensor& x, const at::Tensor& packed, bool q4_1) {
+  const int64_t n = x.size(0), nb = n / BLOCK, quads = packed.size(0);
+  TORCH_CHECK(x.dim() == 1 && x.scalar_type() == at::kFloat && x.is_contiguous() && n % BLOCK == 0,
+              "x: one contiguous float32 row of whole blocks");
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(), "quads: uint8 rows");
+  TORCH_CHECK(packed.size(1) == nb * ROWS * (q4_1 ? 20 : 34), "quads of ", packed.size(1), " bytes for x of ", n);
+  const RoundedRow r(x.data_ptr<float>(), n);
+  at::Tensor y = at::empty({quads * ROWS}, x.options());
+  const uint8_t* P = packed.data_ptr<uint8_t>();
+  float* Y = y.data_ptr<float>();
+  const int64_t stride = packed.size(1);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  const QuadRow xq(r, nb);
+  at::parallel_for(0, quads, 4, [&](int64_t begin, int64_t end) {
+    // (the stretch's first bytes asked for at once; then each group asks for the bytes AHEAD_BYTES after it)
+    for (int64_t a = 0; a < std::min(AHEAD_BYTES, (end - begin) * stride); a += 64) prefetch(P + begin * stride + a);
+    for (int64_t i = begin; i < end; ++i) {
+      if (q4_1) q4_1_quad(P + i * stride, nb, xq, Y + i * ROWS);
+      else q8_0_quad(P + i * stride, nb, xq, r, Y + i * ROWS);
+    }
   });
+#else
+  at::parallel_for(0, quads, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) quad_rows(P + i * stride, nb, r, q4_1, Y + i * ROWS);
+  });
+#endif
   return y;
 }
 
-at::Tensor blocks_row(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
-                      const std::optional<at::Tensor>& minimum) {
-  return minimum.has_value() ? q4_1(x, codes, scale, *minimum) : q8_0(x, codes, scale);
-}
+at::Tensor q4_1_row(const at::Tensor& x, const at::Tensor& packed) { return quads_row(x, packed, true); }
+at::Tensor q8_0_row(const at::Tensor& x, const at::Tensor& packed) { return quads_row(x, packed, false); }
 
 }  // namespace
 
-// the schema is quant.py's (torch.library.define); this file gives it a CPU kernel
-TORCH_LIBRARY_IMPL(lumen, CPU, m) { m.impl("blocks_row", &blocks_row); }
+// the schemas are quant.py's (torch.library.define); this file gives them CPU kernels
+TORCH_LIBRARY_IMPL(lumen, CPU, m) {
+  m.impl("q4_1_row", &q4_1_row);
+  m.impl("q8_0_row", &q8_0_row);
+}
 
-// The same kernel as a C function, the form an AOTInductor package calls directly (lumen/fast/aot.py), without
-// the dispatcher's boxed call per product: tensors come as handles, the absent minimum as a null pointer.
-extern "C" AOTITorchError aoti_torch_cpu_blocks_row(AtenTensorHandle x, AtenTensorHandle codes, AtenTensorHandle scale,
-                                                    AtenTensorHandle* minimum, AtenTensorHandle* ret0) {
+// The same kernels as C functions, the form an AOTInductor package calls directly (lumen/fast/aot.py), without
+// the dispatcher's boxed call per product: tensors come as handles.
+extern "C" AOTITorchError aoti_torch_cpu_q4_1_row(AtenTensorHandle x, AtenTensorHandle packed, AtenTensorHandle* ret0) {
   using namespace torch::aot_inductor;
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-    at::Tensor y = blocks_row(*tensor_handle_to_tensor_pointer(x), *tensor_handle_to_tensor_pointer(codes),
-                              *tensor_handle_to_tensor_pointer(scale), pointer_to_optional<at::Tensor>(minimum));
-    *ret0 = new_tensor_handle(std::move(y));
+    *ret0 = new_tensor_handle(q4_1_row(*tensor_handle_to_tensor_pointer(x), *tensor_handle_to_tensor_pointer(packed)));
+  });
+}
+
+extern "C" AOTITorchError aoti_torch_cpu_q8_0_row(AtenTensorHandle x, AtenTensorHandle packed, AtenTensorHandle* ret0) {
+  using namespace torch::aot_inductor;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *ret0 = new_tensor_handle(q8_0_row(*tensor_handle_to_tensor_pointer(x), *tensor_handle_to_tensor_pointer(packed)));
   });
 }

@@ -11,8 +11,11 @@ and scaled once (the minimum multiplies the exact float sum of x):
 
     y_o = sum over blocks b of  d_ob dx_b (sum_j q_obj xq_bj)  +  m_ob (sum_j x_bj)
 
-`quant.cpp` computes this with the CPU's byte dot-product instructions (built once per machine, under the
-lumen cache); `rounded_row_product` is the same formula in torch, its reference and its stand-in where it
+A token's products read the weights once, from memory: the bytes, not the arithmetic, set their pace. So the
+blocks are kept in quads (`pack`): the file's bytes reordered into one stream, four rows and four blocks
+at a time, each group's codes followed by its scales and minima, which one pass of x serves four rows at a
+time. `quant.cpp` computes this with the CPU's byte dot-product instructions (built once per machine, under
+the lumen cache); `rounded_row_product` is the same formula in torch, its reference and its stand-in where it
 does not build. Many rows (a prompt, an evaluation, a lens) multiply the dequantized weights, a slab of rows
 at a time: those logits are the dequantized float32 model's (`lumen.formats.load`) to float32 rounding.
 
@@ -42,14 +45,16 @@ from . import attention  # noqa: F401  (defines lumen::attend_one: the library b
 
 BLOCK = 32  # numbers per block, for both types
 SLAB = 4096  # rows dequantized at a time for a product of many rows
+ROWS, GROUP = 4, 4  # the quads layout (quant.cpp, `pack`): four rows side by side, four blocks at a time
 
-# x @ w.T for one float32 row x (in,) and a matrix's blocks: (out,); its CPU kernel is quant.cpp's
-torch.library.define("lumen::blocks_row", "(Tensor x, Tensor codes, Tensor scale, Tensor? minimum) -> Tensor")
+# x @ w.T for one float32 row x (in,) and a matrix in quads: (4 * quads,), the rows past the matrix's zeros;
+# their CPU kernels are quant.cpp's
+for _kind in ("q4_1", "q8_0"):
+    torch.library.define(f"lumen::{_kind}_row", "(Tensor x, Tensor quads) -> Tensor")
 
-
-@torch.library.register_fake("lumen::blocks_row")
-def _(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(codes.shape[0])
+    @torch.library.register_fake(f"lumen::{_kind}_row")
+    def _(x: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(ROWS * quads.shape[0])
 
 
 _kernels: bool | None = None  # quant.cpp: not yet tried, built and loaded, or unavailable here
@@ -139,39 +144,101 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-class Blocks(nn.Module):
-    """A (out, in) matrix as the file's blocks: codes as the file holds them (Q8_0: (out, in) int8; Q4_1:
-    (out, in / 2) uint8, two to a byte, a block's numbers 0-15 in the low halves of its 16 bytes and 16-31
-    in the high halves), per block a scale and, for Q4_1, a minimum (out, in / 32), in float16 as the file
-    holds them (`formats.gguf.stored_blocks`)."""
+def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None) -> torch.Tensor:
+    """A matrix's blocks (as `formats.gguf.stored_blocks` reads them) in quads, the layout quant.cpp streams:
+    (ceil(out / 4), bytes of four rows) uint8. A quad's bytes are its groups of four blocks (a row's last
+    group: its last 1-3), each group the four rows' codes one row after another, then the group's scales and,
+    for Q4_1, its minima, block by block, the four rows' of a block together (float16). Rows past the matrix
+    (out not a multiple of 4) are zeros. The same bytes, in another order: `unpack` gives them back."""
+    out, nb = scale.shape
+    quads, pad = -(-out // ROWS), -out % ROWS
+    code = F.pad(codes.view(torch.uint8), (0, 0, 0, pad)).view(quads, ROWS, nb, -1)
+    floats = [F.pad(t, (0, 0, 0, pad)).view(quads, ROWS, nb) for t in (scale, minimum) if t is not None]
+    parts = []
+    for b in range(0, nb, GROUP):
+        g = slice(b, b + GROUP)
+        parts.append(code[:, :, g].reshape(quads, -1))  # row by row
+        # block by block, a block's four rows together
+        parts += [t[:, :, g].transpose(1, 2).contiguous().view(quads, -1).view(torch.uint8) for t in floats]
+    return torch.cat(parts, 1)
 
-    codes: torch.Tensor
-    scale: torch.Tensor
-    minimum: torch.Tensor | None
+
+def unpack(quads: torch.Tensor, nb: int, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`pack` undone: the quads' rows (4 a quad) as the file holds them: (codes, scale, minimum)."""
+    n, per = quads.shape[0], 16 if kind == "Q4_1" else 32  # code bytes per block
+    codes: list[torch.Tensor] = []
+    floats: list[list[torch.Tensor]] = [[], []] if kind == "Q4_1" else [[]]
+    at = 0
+    for b in range(0, nb, GROUP):
+        k = min(GROUP, nb - b)
+        codes.append(quads[:, at: at + ROWS * k * per].reshape(n, ROWS, k * per))
+        at += ROWS * k * per
+        for part in floats:
+            half = quads[:, at: at + 2 * ROWS * k].contiguous().view(torch.float16)
+            part.append(half.reshape(n, k, ROWS).transpose(1, 2))
+            at += 2 * ROWS * k
+    code = torch.cat(codes, 2).reshape(n * ROWS, nb * per)
+    scale, *minimum = (torch.cat(part, 2).reshape(n * ROWS, nb) for part in floats)
+    return code if kind == "Q4_1" else code.view(torch.int8), scale, minimum[0] if minimum else None
+
+
+class Blocks(nn.Module):
+    """A (out, in) matrix as the file's blocks: per block of 32 numbers of a row, its codes (Q8_0: int8, one a
+    number; Q4_1: 0..15, two a byte, a block's numbers 0-15 in the low halves of its 16 bytes and 16-31 in the
+    high halves), its scale and, for Q4_1, its minimum (the file's float16). Kept in quads (`pack`): the file's
+    bytes in the order a decoded token's product reads them. `file_rows` gives them in the file's layout."""
+
+    quads: torch.Tensor
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None):
         super().__init__()
         if scale.dtype != torch.float16 or (minimum is not None and minimum.dtype != torch.float16):
             raise ValueError("a block's scale and minimum are the file's float16 numbers")
-        self.register_buffer("codes", codes)
-        self.register_buffer("scale", scale)
-        self.register_buffer("minimum", minimum)
+        self.out, self.row_blocks, self.kind = scale.shape[0], scale.shape[1], "Q8_0" if minimum is None else "Q4_1"
+        self.register_buffer("quads", pack(codes, scale, minimum))
         kernels()  # built (or found wanting) now, at load time, not while torch.compile traces
+
+    @classmethod
+    def stack(cls, parts: list[Blocks]) -> Blocks:
+        """One matrix of the parts' rows, one part after another (each a multiple of 4 rows): the parts' quads
+        become views of its quads (no memory added)."""
+        assert all(p.out % ROWS == 0 and (p.kind, p.row_blocks) == (parts[0].kind, parts[0].row_blocks) for p in parts)
+        stacked = cls.__new__(cls)
+        nn.Module.__init__(stacked)
+        stacked.out, stacked.row_blocks, stacked.kind = sum(p.out for p in parts), parts[0].row_blocks, parts[0].kind
+        stacked.register_buffer("quads", torch.cat([p.quads for p in parts]))
+        start = 0
+        for p in parts:
+            p.quads = stacked.quads[start: start + p.out // ROWS]
+            start += p.out // ROWS
+        return stacked
 
     @property
     def shape(self) -> tuple[int, int]:
-        out, blocks = self.scale.shape
-        return out, blocks * BLOCK
+        return self.out, self.row_blocks * BLOCK
+
+    def file_rows(self, rows: slice | torch.Tensor = slice(None)) -> tuple[torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor | None]:
+        """Those rows (a slice, or a tensor of row indices) as the file holds them: (codes, scale, minimum),
+        codes (..., in) int8 for Q8_0, (..., in / 2) uint8 for Q4_1, scale and minimum (..., in / 32)."""
+        if isinstance(rows, slice) and rows.step in (None, 1):
+            start, stop, _ = rows.indices(self.out)
+            first = start // ROWS
+            parts = unpack(self.quads[first: -(-max(stop, start) // ROWS)], self.row_blocks, self.kind)
+            return tuple(t if t is None else t[start - ROWS * first: stop - ROWS * first] for t in parts)  # type: ignore[return-value]
+        index = torch.arange(self.out, device=self.quads.device)[rows]
+        parts = unpack(self.quads[index.flatten() // ROWS], self.row_blocks, self.kind)
+        pick = torch.arange(index.numel(), device=index.device) * ROWS + index.flatten() % ROWS
+        return tuple(t if t is None else t[pick].reshape(*index.shape, -1) for t in parts)  # type: ignore[return-value]
 
     @property
-    def kind(self) -> str:
-        """llama.cpp's name of the block type."""
-        return "Q8_0" if self.minimum is None else "Q4_1"
+    def codes(self) -> torch.Tensor:
+        """Every row's codes as the file holds them (a copy; `file_rows`)."""
+        return self.file_rows()[0]
 
-    def block_codes(self, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
-        """Those rows' codes (a slice, or a tensor of row indices), one to a number: (..., in / 32, 32)."""
-        codes = self.codes[rows]
-        if self.minimum is None:
+    def block_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes as the file holds them (`file_rows`), one to a number: (..., in / 32, 32)."""
+        if self.kind == "Q8_0":
             return codes.unflatten(-1, (-1, BLOCK))
         half = codes.unflatten(-1, (-1, BLOCK // 2))  # two codes a byte: a block's low halves, then its high
         return torch.cat([half & 0x0F, half >> 4], -1)
@@ -179,9 +246,10 @@ class Blocks(nn.Module):
     def dequantized(self, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """The float32 matrix w = d q (+ m), as llama.cpp (and the gguf package) compute it: those rows (a
         slice, or a tensor of row indices: (*idx.shape, in))."""
-        w = self.block_codes(rows).float().mul_(self.scale[rows][..., None])  # (in place: one buffer of rows)
-        if self.minimum is not None:
-            w.add_(self.minimum[rows][..., None])
+        codes, scale, minimum = self.file_rows(rows)
+        w = self.block_codes(codes).float().mul_(scale[..., None])  # (in place: one buffer of rows)
+        if minimum is not None:
+            w.add_(minimum[..., None])
         return w.flatten(-2)
 
     def row_product(self, x: torch.Tensor) -> torch.Tensor:
@@ -190,7 +258,8 @@ class Blocks(nn.Module):
         out, n = self.shape
         row = x.reshape(n).float().contiguous()
         if _kernels and row.device.type == "cpu":
-            y = torch.ops.lumen.blocks_row(row, self.codes, self.scale, self.minimum)
+            product = torch.ops.lumen.q4_1_row if self.kind == "Q4_1" else torch.ops.lumen.q8_0_row
+            y = product(row, self.quads)[:out]
         else:
             y = self.rounded_row_product(row)
         return y.reshape(*x.shape[:-1], out)
@@ -207,13 +276,16 @@ class Blocks(nn.Module):
         slab = out if torch.compiler.is_compiling() else SLAB
         parts = []
         for i in range(0, out, slab):
-            rows = slice(i, i + slab)
-            sums = (self.block_codes(rows).float() * xq).sum(-1)  # (rows, blocks): integers
-            y = (sums * (self.scale[rows] * step)).sum(-1)
-            if self.minimum is not None:
-                y = y + (self.minimum[rows] * total).sum(-1)
+            codes, scale, minimum = self.file_rows(slice(i, i + slab))
+            sums = (self.block_codes(codes).float() * xq).sum(-1)  # (rows, blocks): integers
+            y = (sums * (scale * step)).sum(-1)
+            if minimum is not None:
+                y = y + (minimum * total).sum(-1)
             parts.append(y)
         return torch.cat(parts)
+
+    def extra_repr(self) -> str:
+        return f"{self.out} x {self.row_blocks * BLOCK}, {self.kind}"
 
 
 class QuantLinear(nn.Module):
@@ -243,16 +315,8 @@ class SharedRow(nn.Module):
 
     def __init__(self, layers: list[QuantLinear]):
         super().__init__()
-        parts = [layer.blocks for layer in layers]
-        minimum = None if parts[0].minimum is None else torch.cat([b.minimum for b in parts])  # type: ignore[misc]
-        self.blocks = Blocks(torch.cat([b.codes for b in parts]), torch.cat([b.scale for b in parts]), minimum)
+        self.blocks = Blocks.stack([layer.blocks for layer in layers])
         self.sizes = [layer.out_features for layer in layers]
-        start = 0
-        for b, size in zip(parts, self.sizes):  # each matrix's blocks: its rows of the stack
-            rows = slice(start, start + size)
-            b.codes, b.scale = self.blocks.codes[rows], self.blocks.scale[rows]
-            b.minimum = None if minimum is None else minimum[rows]
-            start += size
         self.row: torch.Tensor | None = None  # the row whose products wait to be read, and them
         self.products: list[torch.Tensor] = []
 
@@ -298,6 +362,8 @@ def share_rows(model: nn.Module) -> int:
                 continue
             if len({(layer.blocks.kind, layer.in_features) for layer in layers}) != 1:  # type: ignore[union-attr]
                 continue
+            if any(layer.out_features % ROWS for layer in layers):  # type: ignore[union-attr]
+                continue  # (a stack's parts are whole quads of rows)
             shared = SharedRow(layers)  # type: ignore[arg-type]
             for i, layer in enumerate(layers):
                 layer.__class__ = SharedQuantLinear
@@ -346,8 +412,8 @@ def load_blocks(spec: str, device: str | torch.device = "cpu") -> Loaded:
     """
     w = read(spec, blocks=True)
     parts: dict[str, nn.Module] = {}
-    for name, (codes, scale, minimum) in w.blocks.items():
-        layer, blocks = name.removesuffix(".weight"), Blocks(codes, scale, minimum)
+    for name in list(w.blocks):  # (each matrix's file layout let go once it is in quads: no second copy)
+        layer, blocks = name.removesuffix(".weight"), Blocks(*w.blocks.pop(name))
         parts[layer] = QuantEmbedding(blocks) if layer == "tok_emb" else QuantLinear(blocks)
     embedding = parts.get("tok_emb")
     if w.cfg.tie_embeddings and isinstance(embedding, QuantEmbedding):
