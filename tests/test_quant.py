@@ -71,11 +71,14 @@ def rounded_reference(x: torch.Tensor, tensor, reference: torch.Tensor) -> torch
 
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("out", [1, 7, 50, 96])
-def test_quads_hold_the_files_bytes_in_another_order(qtype, out):
-    """Blocks keep a matrix in quads (quant.pack): four rows, four blocks at a time, codes then scales (and
-    minima). Each byte of the file's blocks is there once (the rows past the matrix are zeros), and `file_rows`
-    gives back the file's layout, for every row, any slice and any list of rows."""
+def test_quads_hold_the_files_bytes_in_another_order(qtype, out, monkeypatch):
+    """Blocks keep a matrix in quads (quant.pack, a slab of rows at a time): four rows, four blocks at a time,
+    codes then scales (and minima). Each byte of the file's blocks is there once (the rows past the matrix are
+    zeros), and `file_rows` gives back the file's layout, for every row, any slice and any list of rows."""
+    from lumen.fast import quant
     from lumen.fast.quant import ROWS
+
+    monkeypatch.setattr(quant, "SLAB", 8)  # (50 rows: slabs of 8, 8, ..., 2)
 
     for n in (32, 96, 128, 544):  # 1, 3, 4 and 17 blocks: a row's last group of 1-4
         tensor, _ = quantized_tensor(qtype, out, n, seed=n)
@@ -367,6 +370,7 @@ def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
             assert all(x.blocks.quads.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
                        for x in group)
             assert 4 * stack.shape[0] == sum(x.out_features for x in group)
+            assert stack.data_ptr() == group[0].blocks.quads.data_ptr()  # (one after another already: no copy)
         after = [(x(one), x(many)) for x in layers]
         for (y1, yn), (z1, zn) in zip(before, after):
             torch.testing.assert_close(z1, y1, rtol=1e-6, atol=1e-6)
@@ -376,3 +380,29 @@ def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
         assert all(type(x) is QuantLinear and not hasattr(x, "shared") for x in layers)
         for (y1, _), x in zip(before, layers):
             torch.testing.assert_close(x(one), y1, rtol=1e-6, atol=1e-6)
+
+
+def test_a_models_matrices_lie_in_one_stream_in_the_order_a_token_reads_them(tmp_path):
+    """load_blocks puts every matrix's quads in one buffer, block by block, each block's matrices in the order
+    its forward reads them, the (tied) unembedding last: the memory a product asks for ahead of its reads runs
+    on into the next product's matrix."""
+    from helpers.gguf import tiny_model, write_gguf
+    from lumen.fast import load_blocks
+
+    path = tmp_path / "tiny.gguf"
+    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    types = {f"blk.{i}.{n}.weight": (Q.Q4_1, Q.Q8_0)[(i + j) % 2] for i in range(2) for j, n in enumerate(names)}
+    write_gguf(path, tiny_model(), {"token_embd.weight": Q.Q8_0, **types})
+    model = load_blocks(str(path)).model
+    reads = []  # the matrices in the order a decoded token multiplies them
+    hooks = [m.register_forward_pre_hook(lambda m, args: reads.append(m.blocks))
+             for m in model.modules() if isinstance(m, QuantLinear)]
+    with torch.inference_mode():
+        model(torch.tensor([[3]]))
+    for h in hooks:
+        h.remove()
+    assert len(reads) == len({id(b) for b in reads}) == 2 * 7 + 1 and reads[-1] is model.tok_emb.blocks
+    stream = reads[0].quads
+    for a, b in zip(reads, reads[1:]):
+        assert b.quads.untyped_storage().data_ptr() == stream.untyped_storage().data_ptr()
+        assert b.quads.data_ptr() == a.quads.data_ptr() + a.quads.nbytes

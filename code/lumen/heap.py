@@ -50,6 +50,14 @@ def return_large_buffers() -> None:
         _mmap(libc, 1 << 20)
 
 
+def hand_back_free_memory() -> None:
+    """The heap's free memory goes back to the system now (glibc's malloc_trim), wherever it lies in the heap:
+    after buffers of under the mmap threshold are freed, glibc hands back only a free top otherwise."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 @contextlib.contextmanager
 def reuse_freed_buffers() -> Iterator[None]:
     """While inside, freed buffers below 32 MiB stay in the heap for the next allocation and the heap's
@@ -68,4 +76,4 @@ def reuse_freed_buffers() -> Iterator[None]:
         libc.mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM)
         if before is not None:
             _mmap(libc, before)
-        libc.malloc_trim(0)
+        hand_back_free_memory()

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from ..fetch import cache_dir
 from ..files import atomic_path
 from ..formats import Loaded, build, read
+from ..heap import hand_back_free_memory
 from . import attention  # noqa: F401  (defines lumen::attend_one: the library built here holds its kernel too)
 
 BLOCK = 32  # numbers per block, for both types
@@ -144,23 +145,35 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None) -> torch.Tensor:
+def quads_shape(out: int, n: int, kind: str) -> tuple[int, int]:
+    """The shape of an (out, n) matrix's quads: (quads, bytes of four rows)."""
+    return -(-out // ROWS), ROWS * n // BLOCK * (20 if kind == "Q4_1" else 34)
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None,
+         into: torch.Tensor | None = None) -> torch.Tensor:
     """A matrix's blocks (as `formats.gguf.stored_blocks` reads them) in quads, the layout quant.cpp streams:
     (ceil(out / 4), bytes of four rows) uint8. A quad's bytes are its groups of four blocks (a row's last
     group: its last 1-3), each group the four rows' codes one row after another, then the group's scales and,
     for Q4_1, its minima, block by block, the four rows' of a block together (float16). Rows past the matrix
-    (out not a multiple of 4) are zeros. The same bytes, in another order: `unpack` gives them back."""
+    (out not a multiple of 4) are zeros. The same bytes, in another order: `unpack` gives them back. into: a
+    buffer of `quads_shape` to write them to (else a new one)."""
     out, nb = scale.shape
-    quads, pad = -(-out // ROWS), -out % ROWS
-    code = F.pad(codes.view(torch.uint8), (0, 0, 0, pad)).view(quads, ROWS, nb, -1)
-    floats = [F.pad(t, (0, 0, 0, pad)).view(quads, ROWS, nb) for t in (scale, minimum) if t is not None]
-    parts = []
-    for b in range(0, nb, GROUP):
-        g = slice(b, b + GROUP)
-        parts.append(code[:, :, g].reshape(quads, -1))  # row by row
-        # block by block, a block's four rows together
-        parts += [t[:, :, g].transpose(1, 2).contiguous().view(quads, -1).view(torch.uint8) for t in floats]
-    return torch.cat(parts, 1)
+    into = torch.empty(quads_shape(out, nb * BLOCK, "Q8_0" if minimum is None else "Q4_1"), dtype=torch.uint8,
+                       device=codes.device) if into is None else into
+    for i in range(0, out, SLAB):  # (a slab of rows at a time: a large matrix is never copied whole)
+        rows = slice(i, i + SLAB)  # (SLAB: a multiple of ROWS)
+        quads, pad = -(-len(codes[rows]) // ROWS), -len(codes[rows]) % ROWS
+        code = F.pad(codes[rows].view(torch.uint8), (0, 0, 0, pad)).view(quads, ROWS, nb, -1)
+        floats = [F.pad(t[rows], (0, 0, 0, pad)).view(quads, ROWS, nb) for t in (scale, minimum) if t is not None]
+        parts = []
+        for b in range(0, nb, GROUP):
+            g = slice(b, b + GROUP)
+            parts.append(code[:, :, g].reshape(quads, -1))  # row by row
+            # block by block, a block's four rows together
+            parts += [t[:, :, g].transpose(1, 2).contiguous().view(quads, -1).view(torch.uint8) for t in floats]
+        torch.cat(parts, 1, out=into[i // ROWS: i // ROWS + quads])
+    return into
 
 
 def unpack(quads: torch.Tensor, nb: int, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -190,23 +203,30 @@ class Blocks(nn.Module):
 
     quads: torch.Tensor
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None):
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None,
+                 into: torch.Tensor | None = None):
         super().__init__()
         if scale.dtype != torch.float16 or (minimum is not None and minimum.dtype != torch.float16):
             raise ValueError("a block's scale and minimum are the file's float16 numbers")
         self.out, self.row_blocks, self.kind = scale.shape[0], scale.shape[1], "Q8_0" if minimum is None else "Q4_1"
-        self.register_buffer("quads", pack(codes, scale, minimum))
+        self.register_buffer("quads", pack(codes, scale, minimum, into))  # (into: a place in a model's stream)
         kernels()  # built (or found wanting) now, at load time, not while torch.compile traces
 
     @classmethod
     def stack(cls, parts: list[Blocks]) -> Blocks:
         """One matrix of the parts' rows, one part after another (each a multiple of 4 rows): the parts' quads
-        become views of its quads (no memory added)."""
+        become views of its quads (no memory added). Parts that lie one after another in memory already (a
+        model's stream, `load_blocks`) stay where they are: the stack is a view of them."""
         assert all(p.out % ROWS == 0 and (p.kind, p.row_blocks) == (parts[0].kind, parts[0].row_blocks) for p in parts)
         stacked = cls.__new__(cls)
         nn.Module.__init__(stacked)
         stacked.out, stacked.row_blocks, stacked.kind = sum(p.out for p in parts), parts[0].row_blocks, parts[0].kind
-        stacked.register_buffer("quads", torch.cat([p.quads for p in parts]))
+        first, width = parts[0].quads, parts[0].quads.shape[1]
+        adjacent = all(a.quads.untyped_storage().data_ptr() == b.quads.untyped_storage().data_ptr()
+                       and a.quads.data_ptr() + a.quads.nbytes == b.quads.data_ptr() for a, b in zip(parts, parts[1:]))
+        quads = (first.as_strided((stacked.out // ROWS, width), (width, 1)) if adjacent
+                 else torch.cat([p.quads for p in parts]))
+        stacked.register_buffer("quads", quads)
         start = 0
         for p in parts:
             p.quads = stacked.quads[start: start + p.out // ROWS]
@@ -400,10 +420,28 @@ class QuantEmbedding(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
+# a block's matrices in the order its forward reads them (others after them, by name)
+READING = ("attn.q", "attn.k", "attn.v", "attn.out", "mlp.w_gate", "mlp.w_up", "mlp.fc", "mlp.w_down", "mlp.proj")
+
+
+def reading_order(name: str, tied: bool) -> tuple:
+    """Where a matrix comes in a decoded token's reads: the embedding first (a tied one is the unembedding:
+    last), then block by block, each block's matrices as its forward reads them, the unembedding last."""
+    layer = name.removesuffix(".weight")
+    if layer == "tok_emb":
+        return (2,) if tied else (0,)
+    if layer.startswith("blocks."):
+        _, i, rest = layer.split(".", 2)
+        return (1, int(i), READING.index(rest) if rest in READING else len(READING), rest)
+    return (2, layer)
+
+
 def load_blocks(spec: str, device: str | torch.device = "cpu") -> Loaded:
     """A GGUF model (smollm2 or a .gguf file) whose Q8_0/Q4_1 matrices stay as the file's blocks: every such
     linear layer a QuantLinear, the embedding a QuantEmbedding (a tied unembedding reads the same blocks),
-    the rest (the norms) as lumen.formats reads them. Activations are float32. On a device other than the CPU
+    the rest (the norms) as lumen.formats reads them. Activations are float32. The matrices' quads lie in one
+    buffer in the order a decoded token reads them (`reading_order`): the memory a product asks for ahead of
+    its reads runs on into the next matrix's. On a device other than the CPU
     a decoded token's product is torch's formula (`Blocks.rounded_row_product`): quant.cpp is a CPU kernel.
 
         >>> loaded = load_blocks("smollm2")                         # doctest: +SKIP
@@ -412,9 +450,18 @@ def load_blocks(spec: str, device: str | torch.device = "cpu") -> Loaded:
     """
     w = read(spec, blocks=True)
     parts: dict[str, nn.Module] = {}
-    for name in list(w.blocks):  # (each matrix's file layout let go once it is in quads: no second copy)
-        layer, blocks = name.removesuffix(".weight"), Blocks(*w.blocks.pop(name))
+    order = sorted(w.blocks, key=lambda name: reading_order(name, w.cfg.tie_embeddings))
+    shapes = {name: quads_shape(len(w.blocks[name][1]), w.blocks[name][1].shape[1] * BLOCK,
+                                "Q8_0" if w.blocks[name][2] is None else "Q4_1") for name in order}
+    stream = torch.empty(sum(q * b for q, b in shapes.values()), dtype=torch.uint8)
+    at = 0
+    for name in order:  # (each matrix's file layout let go once it is in the stream: no second copy)
+        size = shapes[name][0] * shapes[name][1]
+        into = stream[at: at + size].view(shapes[name])
+        layer, blocks = name.removesuffix(".weight"), Blocks(*w.blocks.pop(name), into=into)
         parts[layer] = QuantEmbedding(blocks) if layer == "tok_emb" else QuantLinear(blocks)
+        at += size
+        hand_back_free_memory()  # (the file layout's buffers, freed: else the heap keeps them, ~60 MiB here)
     embedding = parts.get("tok_emb")
     if w.cfg.tie_embeddings and isinstance(embedding, QuantEmbedding):
         parts["lm_head"] = QuantLinear(embedding.blocks)  # the same blocks, read as the unembedding
