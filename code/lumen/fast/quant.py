@@ -445,8 +445,8 @@ def load_blocks(spec: str, device: str | torch.device = "cpu") -> Loaded:
     a decoded token's product is torch's formula (`Blocks.rounded_row_product`): quant.cpp is a CPU kernel.
 
         >>> loaded = load_blocks("smollm2")                         # doctest: +SKIP
-        >>> loaded.model.blocks[0].attn.q                           # doctest: +SKIP
-        QuantLinear(576 -> 576, Q8_0 blocks of 32)
+        >>> loaded.model.blocks[0].attn.q.blocks                    # doctest: +SKIP
+        Blocks(576 x 576, Q4_1)
     """
     w = read(spec, blocks=True)
     parts: dict[str, nn.Module] = {}
