@@ -120,6 +120,40 @@ def test_kernels_at_every_count_of_rows_and_blocks(qtype, out, n, cpp_compiler):
         torch.set_num_threads(before)
 
 
+AVX2_ONLY = """
+import os, sys, torch
+from lumen.fast import quant
+quant.CFLAGS = ["-O3", "-march=x86-64-v3", "-fopenmp"]  # AVX2 and FMA, no AVX-512: the kernel's other path
+assert quant.kernels()
+sys.path.insert(0, sys.argv[1])
+from test_quant import Q, blocks_from_gguf, quantized_tensor, rounded_reference
+for qtype in (Q.Q4_1, Q.Q8_0):
+    for out, n in ((7, 96), (12, 64), (33, 544)):
+        tensor, reference = quantized_tensor(qtype, out, n, seed=out)
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            y = blocks_from_gguf(tensor).row_product(x)
+            torch.testing.assert_close(y.double(), rounded_reference(x, tensor, reference), rtol=1e-5, atol=1e-4)
+print("ok")
+"""
+
+
+def test_the_kernels_avx2_path_on_the_same_quads(tmp_path, cpp_compiler):
+    """quant.cpp built for a CPU with AVX2 but no AVX-512 (the layout read one row and one block at a time) meets
+    the same float64 formula: built in a process of its own, into a cache of its own."""
+    if "avx2" not in Path("/proc/cpuinfo").read_text() or shutil.which("ninja") is None:
+        pytest.skip("needs an x86-64 CPU with AVX2, and ninja")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LUMEN_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", AVX2_ONLY, str(Path(__file__).parent)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("kernels", [True, False], ids=["quant.cpp", "torch"])
 @pytest.mark.parametrize("qtype", TYPES)
 def test_products_equal_their_references(qtype, kernels, cpp_compiler, monkeypatch):
