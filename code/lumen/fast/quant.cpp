@@ -28,8 +28,8 @@ namespace {
 
 constexpr int64_t BLOCK = 32;
 // How far ahead a product asks for memory: a product reads each weight once, from memory, in one stream (see
-// the quads below). The CPU's own prefetcher does not run far enough ahead of it: measured on a 2-core EPYC VM,
-// one thread read 25 GB/s asking 2 KiB ahead, 35 GB/s at 16 KiB (its plain sum over memory: 39).
+// the quads below), and the CPU's own prefetcher may not run far enough ahead of it to keep the memory busy
+// (far enough: the bytes that arrive during one memory latency; docs/speed.md has the distances measured).
 constexpr int64_t AHEAD_BYTES = 16384;
 
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
