@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' precision (default float32)")
     p.add_argument("--weights", choices=("float", "gguf"), default="float",
                    help="gguf: decode from a GGUF's own Q4_1/Q8_0 blocks as llama.cpp does (x rounded to 8 bits per "
-                        "block; less memory; fastest with --compile); float (default): the weights dequantized, "
+                        "block; less memory; fastest with --aot); float (default): the weights dequantized, "
                         "the file's exact numbers")
     p.add_argument("--compile", action="store_true",
                    help="compile the decoding step with torch.compile: several times faster per token on CPU, "
@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     p.add_argument("--aot", action="store_true",
                    help="instead of --compile: the one-token step compiled ahead of time by AOTInductor, once per "
                         "model shape (a few minutes; needs a C++ compiler), then only loaded: no compiler in later "
-                        "runs, less memory")
+                        "runs, less memory, the fastest decoding")
     return p
 
 
