@@ -145,9 +145,11 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def quads_shape(out: int, n: int, kind: str) -> tuple[int, int]:
-    """The shape of an (out, n) matrix's quads: (quads, bytes of four rows)."""
-    return -(-out // ROWS), ROWS * n // BLOCK * (20 if kind == "Q4_1" else 34)
+def quads_shape(scale: torch.Tensor, minimum: torch.Tensor | None) -> tuple[int, int]:
+    """The shape of a matrix's quads, from its scales (out, in / 32) and whether it has minima (Q4_1: 20 bytes a
+    block; Q8_0: 34): (quads, bytes of four rows)."""
+    out, nb = scale.shape
+    return -(-out // ROWS), ROWS * nb * (34 if minimum is None else 20)
 
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None,
@@ -159,11 +161,10 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None,
     (out not a multiple of 4) are zeros. The same bytes, in another order: `unpack` gives them back. into: a
     buffer of `quads_shape` to write them to (else a new one)."""
     out, nb = scale.shape
-    into = torch.empty(quads_shape(out, nb * BLOCK, "Q8_0" if minimum is None else "Q4_1"), dtype=torch.uint8,
-                       device=codes.device) if into is None else into
+    into = torch.empty(quads_shape(scale, minimum), dtype=torch.uint8, device=codes.device) if into is None else into
     for i in range(0, out, SLAB):  # (a slab of rows at a time: a large matrix is never copied whole)
         rows = slice(i, i + SLAB)  # (SLAB: a multiple of ROWS)
-        quads, pad = -(-len(codes[rows]) // ROWS), -len(codes[rows]) % ROWS
+        quads, pad = -(-min(SLAB, out - i) // ROWS), -min(SLAB, out - i) % ROWS
         code = F.pad(codes[rows].view(torch.uint8), (0, 0, 0, pad)).view(quads, ROWS, nb, -1)
         floats = [F.pad(t[rows], (0, 0, 0, pad)).view(quads, ROWS, nb) for t in (scale, minimum) if t is not None]
         parts = []
@@ -250,11 +251,6 @@ class Blocks(nn.Module):
         parts = unpack(self.quads[index.flatten() // ROWS], self.row_blocks, self.kind)
         pick = torch.arange(index.numel(), device=index.device) * ROWS + index.flatten() % ROWS
         return tuple(t if t is None else t[pick].reshape(*index.shape, -1) for t in parts)  # type: ignore[return-value]
-
-    @property
-    def codes(self) -> torch.Tensor:
-        """Every row's codes as the file holds them (a copy; `file_rows`)."""
-        return self.file_rows()[0]
 
     def block_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes as the file holds them (`file_rows`), one to a number: (..., in / 32, 32)."""
@@ -451,8 +447,7 @@ def load_blocks(spec: str, device: str | torch.device = "cpu") -> Loaded:
     w = read(spec, blocks=True)
     parts: dict[str, nn.Module] = {}
     order = sorted(w.blocks, key=lambda name: reading_order(name, w.cfg.tie_embeddings))
-    shapes = {name: quads_shape(len(w.blocks[name][1]), w.blocks[name][1].shape[1] * BLOCK,
-                                "Q8_0" if w.blocks[name][2] is None else "Q4_1") for name in order}
+    shapes = {name: quads_shape(*w.blocks[name][1:]) for name in order}
     stream = torch.empty(sum(q * b for q, b in shapes.values()), dtype=torch.uint8)
     at = 0
     for name in order:  # (each matrix's file layout let go once it is in the stream: no second copy)
