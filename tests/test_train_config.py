@@ -28,6 +28,16 @@ def test_toml_file_and_sets(tmp_path):
     assert m == ModelConfig.from_name("baby-llama").replace(n_layers=2, dropout=0.1)
 
 
+def test_whole_numbers_given_for_floats_are_floats():
+    """`--set beta2=0` (TOML's integer 0) is the float 0.0 the config declares: torch's AdamW refuses an int
+    beta beside a float one, which reached the user as a raw ValueError."""
+    import torch
+
+    cfg, _ = load_config(preset="tiny", sets=["beta2=0", "beta1=0", "lr=1", "weight_decay=0", "steps=3"])
+    assert [type(v) for v in (cfg.beta1, cfg.beta2, cfg.lr, cfg.weight_decay, cfg.steps)] == [float] * 4 + [int]
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=cfg.lr, betas=(0.9, cfg.beta2))
+
+
 def test_to_toml_round_trips(tmp_path):
     cfg, m = load_config(preset="shakespeare", sets=["sample_prompt=\"quote \\\" and\\nnewline\""])
     path = tmp_path / "again.toml"

@@ -252,6 +252,8 @@ def check_types(obj: object) -> None:
         value = getattr(obj, name)
         if not _accepts(tp, value):
             raise ConfigError(f"{name} must be {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+        if type(value) is int and int not in (typing.get_args(tp) or (tp,)):
+            setattr(obj, name, float(value))  # a whole number given for a float (torch's AdamW takes no int beta)
 
 
 def _model_hints() -> dict[str, object]:
