@@ -103,6 +103,60 @@ def test_the_index_is_never_unpickled_into_arbitrary_objects(sharded, tmp_path):
     assert not witness.exists()
 
 
+class Planted:
+    """A pickle that, unpickled, copies a file to a witness path: proof that code ran."""
+
+    def __init__(self, source: str, witness: str):
+        self.source, self.witness = source, witness
+
+    def __reduce__(self):
+        return (shutil.copy, (self.source, self.witness))
+
+
+def plant_bytes_entry(path, witness, key: str = "model.tok_emb.weight") -> None:
+    """Mark one entry of a sharded checkpoint's index as bytes and point it at a pickle appended to a shard: what
+    torch reads as bytes it unpickles with torch.load(weights_only=False)."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    index = pickle.loads((path / ckpt.SHARD_INDEX).read_bytes())  # our own file, just written
+    (shard,) = (path / ckpt.SHARDS).glob("*.distcp")
+    payload = pickle.dumps(Planted(str(path / ckpt.CONFIG), str(witness)))
+    offset = shard.stat().st_size
+    with shard.open("ab") as f:
+        f.write(payload)
+    info = next(iter(index.storage_data.values()))
+    index.state_dict_metadata[key] = BytesStorageMetadata()
+    index.storage_data[MetadataIndex(key)] = type(info)(relative_path=info.relative_path, offset=offset,
+                                                         length=len(payload))
+    (path / ckpt.SHARD_INDEX).write_bytes(pickle.dumps(index))
+
+
+@pytest.mark.parametrize("key", ["model.tok_emb.weight", "optimizer.tok_emb.weight.exp_avg"])
+def test_an_index_entry_marked_as_bytes_is_refused_before_torch_unpickles_it(sharded, tmp_path, key):
+    path, _, _ = sharded
+    witness = tmp_path / "ran"
+    plant_bytes_entry(path, witness, key)
+    fresh, fresh_opt = trained(seed=1)
+    groups = ckpt.load_trainer_state(path)["optimizer"]["param_groups"]
+    with pytest.raises(CheckpointError, match=rf"marks '{key}' as BytesStorageMetadata, not a tensor"):
+        ckpt.load_sharded(path, fresh, fresh_opt, groups)  # resuming
+    with pytest.raises(CheckpointError, match="not a tensor"):
+        ckpt.read_sharded_state(path)  # loading (generate, convert, eval, ...)
+    assert not witness.exists()
+
+
+def test_no_read_of_a_shard_asks_for_bytes(sharded):
+    """The second wall, should an index ever get past the first: the reader refuses a request for bytes."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+
+    path, _, _ = sharded
+    item = ReadItem(type=LoadItemType.BYTE_IO, dest_index=MetadataIndex("x"), dest_offsets=torch.Size([0]),
+                    storage_index=MetadataIndex("x"), storage_offsets=torch.Size([0]), lengths=torch.Size([0]))
+    with pytest.raises(CheckpointError, match="reads an entry as bytes"):
+        ckpt._ShardReader(path / ckpt.SHARDS).read_data(LoadPlan([item]), None)
+
+
 def test_an_index_that_does_not_fit_the_config_is_refused_before_anything_is_allocated(sharded):
     path, _, _ = sharded
     cfg = json.loads((path / ckpt.CONFIG).read_text())
@@ -161,3 +215,39 @@ def test_a_lost_peer_is_told_from_other_errors():
     gathered = CheckpointException("save failed", {1: _wrap_exception(gloo)})  # torch.distributed.checkpoint's
     assert lost_peer(wrapped) and lost_peer(gathered)
     assert not lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) and not lost_peer(OSError(28, "x"))
+
+
+def test_a_planted_pickle_never_runs_through_the_real_commands(tmp_path):
+    """The campaign's case through `lumen` itself: a sharded run (parallel = fsdp, one process) whose index marks an
+    entry as bytes, its manifest rewritten to match (as whoever planted it would). `train --resume`, `generate` and
+    `convert` each refuse it in one line, exit 2, and the planted pickle never runs."""
+    import os
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"to be and {w}, said the {n}th voice;\n" for n, w in enumerate(["more", "less"] * 90)))
+    run = tmp_path / "run"
+    sets = [f"corpus='{corpus}'", f"out_dir='{run}'", "parallel=fsdp", "progress=false", "dtype=float32",
+            "threads=1", "eval_interval=2", "sample_tokens=0", "eval_windows=2", "batch_size=2", "model.context=16"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LUMEN_OFFLINE": "1"}
+
+    def lumen(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "lumen", *args], env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    def train(steps: int, *more: str) -> subprocess.CompletedProcess:
+        return lumen("train", "--preset", "tiny", *(f"--set={s}" for s in [*sets, f"steps={steps}"]), *more)
+
+    done = train(2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    step = run / "checkpoints" / "step-000002"
+    witness = tmp_path / "ran"
+    plant_bytes_entry(step, witness)
+    ckpt.write_manifest(step)  # the manifest agrees with the planted files
+    for done in (train(4, "--resume"), lumen("generate", str(run), "--prompt", "to", "--max-new-tokens", "2"),
+                 lumen("convert", str(run), str(tmp_path / "hf"), "--to", "hf")):
+        assert not witness.exists(), done.args
+        assert done.returncode == 2, (done.args, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr and "not a tensor" in done.stderr, done.stderr[-2000:]
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr

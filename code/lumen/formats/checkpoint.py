@@ -41,7 +41,9 @@ import torch.nn as nn
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.futures import Future
 
 from ..config import ModelConfig
 from ..errors import CheckpointError, LumenError, MissingFileError
@@ -347,10 +349,12 @@ def load_sharded(ckpt: str | Path, model: nn.Module, optimizer: torch.optim.Opti
     any number of processes (every rank calls it; each reads the pieces of the shards that its own shards
     now cover, so a checkpoint of 2 processes resumes at 1 or 4). param_groups: the trainer state's."""
     folder = Path(ckpt) / SHARDS
+    reader = _ShardReader(folder)
+    reader.read_metadata()  # its checks first: a damaged or planted index is named, not blamed on the settings
     weights, optim = sharded_state(model, optimizer)  # the optimizer's state made (zeros) to be read into
     try:
         with _alone_is_fine():
-            dcp.load({"model": weights, "optimizer": optim["state"]}, storage_reader=_ShardReader(folder))
+            dcp.load({"model": weights, "optimizer": optim["state"]}, storage_reader=reader)
         raw = unwrap(model)
         if isinstance(raw, GPT) and raw.cfg.tie_embeddings:  # stored once; the model's state names both
             weights["lm_head.weight"] = weights["tok_emb.weight"]
@@ -425,8 +429,10 @@ def _alone_is_fine():
 
 class _ShardReader(dcp.FileSystemReader):
     """torch.distributed.checkpoint's reader, except that its index (.metadata, a pickle) is read by an
-    unpickler that builds only the index's own record types, never arbitrary objects: a run directory from
-    elsewhere cannot run code. (The tensors themselves are read with torch.load(weights_only=True).)"""
+    unpickler that builds only the index's own record types, never arbitrary objects, and that an index may
+    name tensors only: torch reads an entry marked as bytes with torch.load(weights_only=False), which runs any
+    pickle planted in a shard. lumen writes tensors only, so a run directory from elsewhere cannot run code.
+    (The tensors themselves are read with torch.load(weights_only=True).)"""
 
     def read_metadata(self, *args, **kwargs) -> dcp_metadata.Metadata:
         path = Path(self.path) / ".metadata"
@@ -441,9 +447,23 @@ class _ShardReader(dcp.FileSystemReader):
                 isinstance(info, _StorageInfo) and "/" not in info.relative_path and info.relative_path != ".."
                 for info in (md.storage_data or {}).values()):
             raise CheckpointError(f"{path} is not the index of a checkpoint in this folder")
+        for name, entry in md.state_dict_metadata.items():
+            if not isinstance(entry, dcp_metadata.TensorStorageMetadata):
+                raise CheckpointError(f"{path} marks {name!r} as {type(entry).__name__}, not a tensor: torch would "
+                                      f"unpickle it, which can run code. lumen's shards hold tensors only; this "
+                                      f"index is damaged or planted: use an earlier checkpoint")
+        if any(info.transform_descriptors for info in md.storage_data.values()):
+            raise CheckpointError(f"{path} names stream transforms lumen never writes; the index is damaged")
         md.storage_meta = md.storage_meta or dcp_metadata.StorageMeta()  # as torch's own reader does
         md.storage_meta.load_id = self.load_id
         return md
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """torch's reading, after a second wall: no request may ask for bytes (which torch would unpickle)."""
+        if any(item.type == LoadItemType.BYTE_IO for item in plan.items):
+            raise CheckpointError(f"{self.path}: a request reads an entry as bytes, which torch would unpickle; "
+                                  f"lumen's shards hold tensors only")
+        return super().read_data(plan, planner)
 
 
 class _IndexUnpickler(pickle.Unpickler):
