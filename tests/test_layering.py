@@ -29,9 +29,10 @@ ALLOWED = {
     "train": {"tokenizers", "data", "formats"},
     "inspect": {"tokenizers", "data", "evaluate", "formats"},
     "practice": {"tokenizers", "data", "evaluate", "formats", "fetch", "inspect"},
-    "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report"},
+    "features": {"tokenizers", "inspect"},
+    "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "features"},
     "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments",
-            WING, "practice"},
+            WING, "practice", "features"},
     "__main__": {"cli"},
 }
 

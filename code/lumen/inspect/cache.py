@@ -15,7 +15,7 @@ Every activation has a stable name (the stream after the embedding, and per bloc
     final                   the final-normed stream that the unembedding reads
 
 and finer sites, kept when asked for by name (`names.DETAILS`): blocks.i.q, k, v (B, T, heads, d_head),
-attn_scores (B, heads, T, S), z (B, T, heads, d_head), ln1_scale and ln2_scale (B, T, 1), mlp_pre, and
+attn_scores (B, heads, T, S), z (B, T, heads, d_head), ln1_scale and ln2_scale (B, T, 1), mlp_in, mlp_pre, and
 final_scale.
 
     >>> model = GPT.from_preset("baby-gpt", n_layers=4)       # a random model; load() gives trained ones

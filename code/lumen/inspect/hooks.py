@@ -119,7 +119,7 @@ def place(model: GPT, name: str) -> Place:
         "attn_scores": Place(attn.scores, "out"), "attn_heads": Place(attn.out, "pre"),
         "z": Place(attn.out, "pre", attn.n_heads), "q": Place(attn.q, "out", attn.n_heads),
         "k": Place(attn.k, "out", attn.n_kv_heads), "v": Place(attn.v, "out", attn.n_kv_heads),
-        "mlp_hidden": Place(block.mlp.down, "pre"),
+        "mlp_hidden": Place(block.mlp.down, "pre"), "mlp_in": Place(block.mlp, "pre"),
     }
     if kind in simple:
         return simple[kind]

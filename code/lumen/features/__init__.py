@@ -1,0 +1,19 @@
+"""Features, not only neurons: sparse dictionaries (SAEs and transcoders) on lumen's named sites.
+
+    >>> from lumen.features import SAE, TopK, read_saelens, save_saelens, spliced
+    >>> sae = SAE(384, 3072, TopK(32), site="blocks.2.resid_post")   # or read_saelens("a SAELens folder")
+    >>> with spliced(model, sae, error=True) as seen:                # doctest: +SKIP
+    ...     logits, _ = model(idx)                                   # the model's own logits ...
+    >>> seen["blocks.2.resid_post.features"]         # ... and the features behind them  # doctest: +SKIP
+
+Where things are: dictionary.py (SAE, Transcoder and their activations: ReLU, TopK, BatchTopK, JumpReLU),
+saelens.py (SAELens's cfg.json + sae_weights.safetensors, both ways), splice.py (a dictionary in the forward
+pass through lumen's hooks; its features as named sites).
+"""
+
+from .dictionary import SAE, BatchTopK, JumpReLU, ReLU, TopK, Transcoder
+from .saelens import hook_from_site, read_saelens, save_saelens, site_from_hook
+from .splice import spliced
+
+__all__ = ["SAE", "BatchTopK", "JumpReLU", "ReLU", "TopK", "Transcoder", "hook_from_site", "read_saelens",
+           "save_saelens", "site_from_hook", "spliced"]
