@@ -326,3 +326,73 @@ def test_a_dictionary_of_another_width_is_refused_before_the_model_runs():
     with pytest.raises(UserError, match="has width 16, but this model's blocks.1.resid_post is 8 wide"):
         with spliced(tiny(), random_sae(ReLU(), d_in=16)):
             pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the tools, on features
+
+def test_a_features_logits_are_its_decoder_row_through_the_final_norms_gain_and_the_unembedding():
+    from lumen.features import feature_logits
+
+    model = tiny()
+    sae = random_sae(TopK(3))
+    row = sae.W_dec[5].detach()
+    want = model.lm_head((row - row.mean()) * model.ln_f.g)   # LayerNorm: centred, then its gain
+    torch.testing.assert_close(feature_logits(model, sae, 5), want)
+    assert feature_logits(model, sae).shape == (24, 40)
+
+
+def test_top_contexts_are_where_the_feature_is_largest_over_the_windows():
+    from lumen.features import top_contexts
+    from lumen.tokenizers import CharTokenizer
+
+    model, tok = tiny(), CharTokenizer([chr(ord("a") + i) for i in range(40)])
+    windows = torch.randint(0, 40, (6, 8), generator=torch.Generator().manual_seed(2))
+    sae = basis_dictionary("blocks.1.resid_post")
+    found = top_contexts(model, sae, tok, windows, feature=11, k=4, batch=4)   # dimension 3, negative half
+    x = run_with_cache(model, windows, names=["blocks.1.resid_post"])[1]["blocks.1.resid_post"]
+    want = (-x[..., 3]).relu().flatten().topk(4)
+    assert [c.activation for c in found] == pytest.approx(want.values.tolist(), rel=1e-5)
+    assert [c.trigger for c in found] == [tok.decode([int(windows.flatten()[p])]) for p in want.indices]
+
+
+def test_feature_attribution_is_the_metrics_gradient_times_the_change():
+    """Checked against finite differences: each feature of one position nudged by eps, the metric's change."""
+    from lumen.features import feature_attribution
+
+    model = tiny().double()
+    sae = random_sae(ReLU()).double()
+    clean, corrupt = torch.tensor([[3, 1, 4, 1, 5]]), torch.tensor([[3, 1, 7, 1, 5]])
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return logits[0, -1, 4] - logits[0, -1, 9]
+
+    attr = feature_attribution(model, sae, clean, corrupt, metric)
+    with torch.no_grad(), spliced(model, sae, error=True) as seen:
+        base = metric(model(corrupt)[0])
+        f_corrupt = seen["blocks.1.resid_post.features"]
+        model(clean)
+        change = seen["blocks.1.resid_post.features"] - f_corrupt
+    eps = 1e-6
+    for j in change[0, 2].abs().topk(3).indices.tolist():   # position 2, where the prompts differ
+        def nudge(f: torch.Tensor, site: str, j: int = j) -> torch.Tensor:
+            f = f.clone()
+            f[0, 2, j] += eps
+            return f
+
+        with torch.no_grad(), spliced(model, sae, error=True, edit=nudge):
+            slope = (metric(model(corrupt)[0]) - base) / eps
+        assert float(attr[0, 2, j]) == pytest.approx(float(change[0, 2, j] * slope), rel=1e-4, abs=1e-9)
+    assert attr[0, :2].abs().max() == 0   # before the changed token nothing differs
+
+
+def test_patching_one_feature_moves_the_stream_along_its_direction_only():
+    from lumen.features import patch_feature
+
+    model = tiny()
+    sae = basis_dictionary("blocks.0.resid_post")
+    patched = patch_feature(model, sae, IDX, feature=2, value=1.5)   # dimension 2's positive half set to 1.5
+    with replace_activation(model, "blocks.0.resid_post", lambda a: torch.cat(
+            [a[..., :2], 1.5 - (-a[..., 2:3]).relu(), a[..., 3:]], -1)):
+        want, _ = model(IDX)
+    torch.testing.assert_close(patched, want, rtol=1e-5, atol=1e-5)

@@ -8,12 +8,15 @@
 
 Where things are: dictionary.py (SAE, Transcoder and their activations: ReLU, TopK, BatchTopK, JumpReLU),
 saelens.py (SAELens's cfg.json + sae_weights.safetensors, both ways), splice.py (a dictionary in the forward
-pass through lumen's hooks; its features as named sites).
+pass through lumen's hooks; its features as named sites), tools.py (a feature's logits, its top contexts,
+attribution patching and exact patching of features).
 """
 
 from .dictionary import SAE, BatchTopK, JumpReLU, ReLU, TopK, Transcoder
 from .saelens import hook_from_site, read_saelens, save_saelens, site_from_hook
 from .splice import spliced
+from .tools import feature_attribution, feature_logits, patch_feature, top_contexts
 
-__all__ = ["SAE", "BatchTopK", "JumpReLU", "ReLU", "TopK", "Transcoder", "hook_from_site", "read_saelens",
-           "save_saelens", "site_from_hook", "spliced"]
+__all__ = ["SAE", "BatchTopK", "JumpReLU", "ReLU", "TopK", "Transcoder", "feature_attribution", "feature_logits",
+           "hook_from_site", "patch_feature", "read_saelens", "save_saelens", "site_from_hook", "spliced",
+           "top_contexts"]

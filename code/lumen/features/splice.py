@@ -56,12 +56,16 @@ def _replace(sae: SAE, site: str, seen: dict, error: bool, edit, source: dict | 
         x = a if source is None else source.pop("x")
         scaled, scale = sae._scaled(x)
         f = sae.act(sae.pre(scaled))
+
+        def decode(f: torch.Tensor) -> torch.Tensor:
+            out = sae.decode(f, scale if sae.normalize != "none" else None)
+            return out if not isinstance(sae, Transcoder) or sae.W_skip is None else out + x @ sae.W_skip.T
+
+        out = decode(f)
+        err = a - out   # what the dictionary misses, before any edit: an edit changes only the features
         changed = edit(f, sae.site) if edit is not None else None
-        f = f if changed is None else changed
-        out = sae.decode(f, scale if sae.normalize != "none" else None)
-        if isinstance(sae, Transcoder) and sae.W_skip is not None:
-            out = out + x @ sae.W_skip.T
-        err = a - out
+        if changed is not None:
+            f, out = changed, decode(changed)
         seen.update({f"{sae.site}.{FEATURES}": f.detach(), f"{site}.{RECONSTRUCTION}": out.detach(),
                      f"{site}.{ERROR}": err.detach()})
         return out + err.detach() if error else out

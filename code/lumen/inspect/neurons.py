@@ -13,6 +13,7 @@ its value (row i of W2) into the stream. So a neuron has two faces:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -53,13 +54,21 @@ def value_logits(model: GPT, layer: int, units: int | torch.Tensor | None = None
         values = values[check_unit(model, layer, units)][None]
     elif units is not None:
         values = values[units]
+    out = direction_logits(model, values)
+    return out[0] if isinstance(units, int) else out
+
+
+@torch.no_grad()
+def direction_logits(model: GPT, directions: torch.Tensor) -> torch.Tensor:
+    """How writing each direction (n, d) into the stream moves the logits: unembedding(gain * direction), (n, V)
+    (an MLP unit's value, a sparse dictionary's feature). LayerNorm also removes the mean, so a direction is
+    centred first; the norm's division by the stream's size only scales all logits alike and is left out."""
     if isinstance(model.ln_f, LayerNorm):
-        values = values - values.mean(-1, keepdim=True)
+        directions = directions - directions.mean(-1, keepdim=True)
     gain = getattr(model.ln_f, "gain", None)
     if gain is not None:
-        values = values * gain
-    out = model.lm_head(values)
-    return out[0] if isinstance(units, int) else out
+        directions = directions * gain
+    return model.lm_head(directions.to(model.lm_head.weight.dtype))
 
 
 def value_tokens(model: GPT, tokenizer: Tokenizer, layer: int, unit: int, k: int = 10) -> dict:
@@ -75,20 +84,25 @@ def value_tokens(model: GPT, tokenizer: Tokenizer, layer: int, unit: int, k: int
 @torch.no_grad()
 def top_activations(
     model: GPT, windows: torch.Tensor | Batch, layer: int, k: int = 10, batch: int = 8,
-    mask: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None, site: str | None = None,
+    read: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For every unit of block `layer`'s MLP, its k largest activations over token windows (N, T):
     (values (units, k), flat positions (units, k) into windows.flatten()). Runs the blocks up to `layer` only.
-    A padded batch (a Batch, or windows and a mask) counts its real tokens only."""
+    A padded batch (a Batch, or windows and a mask) counts its real tokens only.
+    site, read: any other units, read off a site of block `layer` (e.g. a sparse dictionary's features:
+    site="blocks.8.resid_post", read=sae.encode)."""
     if isinstance(windows, Batch):
         mask, windows = windows.mask, windows.ids
     check_layer(model, layer)
+    site = site or names.activation(layer, "mlp_hidden")
     best_v: torch.Tensor | None = None
     best_i: torch.Tensor | None = None
-    for start in progress(range(0, windows.size(0), batch), desc=f"reading block {layer}'s MLP", unit="batch"):
+    for start in progress(range(0, windows.size(0), batch), desc=f"reading {names.display(site)}", unit="batch"):
         x = windows[start : start + batch].to(model.device)
         m = mask[start : start + batch].to(model.device) if mask is not None else None
-        acts = capture(model, x, names.activation(layer, "mlp_hidden"), m).flatten(0, 1).float().cpu()  # (B*T, units)
+        a = capture(model, x, site, m)
+        acts = (a if read is None else read(a)).flatten(0, 1).float().cpu()  # (B*T, units)
         if m is not None:   # padding never counts as a trigger
             acts = acts.masked_fill(~m.flatten().cpu()[:, None], float("-inf"))
         pos = torch.arange(start * windows.size(1), start * windows.size(1) + acts.size(0))
