@@ -396,3 +396,78 @@ def test_patching_one_feature_moves_the_stream_along_its_direction_only():
             [a[..., :2], 1.5 - (-a[..., 2:3]).relu(), a[..., 3:]], -1)):
         want, _ = model(IDX)
     torch.testing.assert_close(patched, want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# quality, and the command
+
+def test_quality_of_a_perfect_and_of_an_empty_dictionary():
+    from lumen.features.quality import quality
+
+    model = tiny()
+    windows = torch.randint(0, 40, (6, 8), generator=torch.Generator().manual_seed(3))
+    perfect = quality(model, basis_dictionary("blocks.0.resid_post"), windows, batch=4)
+    assert perfect.fvu < 1e-10 and perfect.ce_recovered == pytest.approx(1.0, abs=1e-6)
+    x = run_with_cache(model, windows, names=["blocks.0.resid_post"])[1]["blocks.0.resid_post"]
+    assert perfect.l0 == pytest.approx(float((x != 0).sum(-1).float().mean()))   # one of each sign's half per dim
+    assert perfect.dead == pytest.approx(0.0)
+    empty = basis_dictionary("blocks.0.resid_post")
+    with torch.no_grad():
+        empty.W_dec.zero_()
+    nothing = quality(model, empty, windows, batch=4)
+    assert nothing.ce_recovered == pytest.approx(0.0, abs=1e-6) and nothing.fvu > 1
+    assert nothing.loss_spliced == pytest.approx(nothing.loss_zeroed)
+
+
+def test_quality_is_its_formulas_on_the_sites_activations():
+    from lumen.features.quality import quality
+
+    model = tiny()
+    sae = random_sae(TopK(3))
+    windows = torch.randint(0, 40, (5, 8), generator=torch.Generator().manual_seed(4))
+    q = quality(model, sae, windows, batch=2)
+    logits, cache = run_with_cache(model, windows, names=["blocks.1.resid_post"])
+    x = cache["blocks.1.resid_post"].double().numpy().reshape(-1, 8)
+    f = sae.encode(torch.from_numpy(x).float()).detach().double().numpy()
+    x_hat = sae(torch.from_numpy(x).float()).detach().double().numpy()
+    assert q.fvu == pytest.approx(((x - x_hat) ** 2).sum() / ((x - x.mean(0)) ** 2).sum(), rel=1e-4)
+    assert q.l0 == pytest.approx((f > 0).sum(-1).mean()) and q.dead == pytest.approx(1 - (f > 0).any(0).mean())
+    nll = -torch.log_softmax(logits[:, :-1].double(), -1).gather(-1, windows[:, 1:, None]).mean()
+    assert q.loss == pytest.approx(float(nll), rel=1e-5)
+
+
+def test_the_features_command_measures_a_dictionary_and_shows_a_feature(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from helpers.runs import TEXT, tiny_run
+
+    tiny_run(tmp_path)
+    run = tmp_path / "run"
+    from lumen.formats import load
+
+    model = load(run).model
+    sae = random_sae(TopK(4), d_in=model.cfg.d_model, d_sae=64)
+    save_saelens(sae, tmp_path / "sae")
+    (tmp_path / "text.txt").write_text(TEXT)
+    env = {**os.environ, "LUMEN_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+    def lumen(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "lumen", "features", str(run), "--sae", *args,
+                               "--corpus", str(tmp_path / "text.txt"), "--windows", "4", "--seq-len", "16", "-q"],
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    measured = lumen(str(tmp_path / "sae"), "--json")
+    assert measured.returncode == 0, measured.stderr
+    got = json.loads(measured.stdout)
+    assert got["site"] == "blocks.1.resid_post" and 0 < got["fvu"] and got["l0"] <= 4
+    shown = lumen(str(tmp_path / "sae"), "--feature", "5", "--contexts", "3", "--json")
+    assert shown.returncode == 0, shown.stderr
+    page = json.loads(shown.stdout)
+    assert len(page["contexts"]) == 3 and "[[" in page["contexts"][0]["marked"] and len(page["promoted"]) == 8
+    bad = lumen(str(tmp_path / "sae"), "--feature", "64")
+    assert bad.returncode == 2 and "feature 64 is out of range" in bad.stderr and "Traceback" not in bad.stderr
+    (tmp_path / "sae" / "cfg.json").write_text('{"architecture": "gated"}')
+    bad = lumen(str(tmp_path / "sae"))
+    assert bad.returncode == 2 and "architecture 'gated'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

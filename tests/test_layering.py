@@ -29,7 +29,7 @@ ALLOWED = {
     "train": {"tokenizers", "data", "formats"},
     "inspect": {"tokenizers", "data", "evaluate", "formats"},
     "practice": {"tokenizers", "data", "evaluate", "formats", "fetch", "inspect"},
-    "features": {"tokenizers", "inspect"},
+    "features": {"tokenizers", "data", "formats", "inspect"},
     "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "features"},
     "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments",
             WING, "practice", "features"},

@@ -33,6 +33,7 @@ COMMANDS = {
     "explore": "explore",
     "serve": "serve",
     "practice": "practice",
+    "features": "features",
 }
 
 

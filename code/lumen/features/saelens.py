@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from .. import names
 from ..errors import MissingFileError, ModelFileError
 from ..files import atomic_dir, read_json
+from ..formats.hf import hub_snapshot
 from .dictionary import SAE, BatchTopK, JumpReLU, ReLU, TopK, Transcoder
 
 CONFIG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
@@ -60,10 +61,24 @@ def hook_from_site(site: str) -> str:
     return f"blocks.{layer}.{back[kind]}" if layer is not None and kind in back else site
 
 
+def locate(spec: str | Path) -> Path:
+    """A dictionary's folder: a local path, or `hf:ORG/NAME[@REVISION]/FOLDER` (a folder of a hub repository,
+    fetched into the Hugging Face cache: its cfg.json and sae_weights.safetensors only)."""
+    if not str(spec).startswith("hf:"):
+        return Path(spec)
+    repo, _, folder = str(spec)[3:].partition("/")
+    name, _, inner = folder.partition("/")
+    repo = f"{repo}/{name}"
+    inner = inner.strip("/")
+    files = [f"{inner}/{f}" if inner else f for f in (CONFIG, WEIGHTS)]
+    return hub_snapshot(repo, files) / inner
+
+
 def read_saelens(path: str | Path) -> SAE:
-    """The dictionary in a SAELens directory (cfg.json + sae_weights.safetensors), checked: its architecture is
-    one lumen knows, every tensor is there with the shape cfg.json gives, and its hook names a lumen site."""
-    path = Path(path)
+    """The dictionary in a SAELens directory (cfg.json + sae_weights.safetensors; a local folder or
+    hf:ORG/NAME/FOLDER), checked: its architecture is one lumen knows, every tensor is there with the shape
+    cfg.json gives, and its hook names a lumen site."""
+    path = locate(path)
     if not path.is_dir():
         raise MissingFileError(f"{path}: no such directory (a SAELens dictionary is a folder with {CONFIG} and "
                                f"{WEIGHTS})")

@@ -40,7 +40,7 @@ def spliced(model: GPT, *saes: SAE, error: bool = False, edit: Edit | None = Non
     seen: dict[str, torch.Tensor] = {}
     hooks: list[tuple[str, Hook]] = []
     for sae in saes:
-        _check_width(model, sae)
+        check_fits(model, sae)
         if isinstance(sae, Transcoder):
             hooks += _transcoder_hooks(sae, seen, error, edit)
         else:
@@ -91,7 +91,7 @@ def _order(site: str) -> tuple[int, int]:
     return (layer if layer is not None else -1, names.KINDS.index(kind) if kind in names.KINDS else -1)
 
 
-def _check_width(model: GPT, sae: SAE) -> None:
+def check_fits(model: GPT, sae: SAE) -> None:
     """The dictionary reads (and writes) vectors of its site's width, or a clear error before any pass."""
     place(model, sae.site)  # an unknown site: the names closest to it
     widths = {"mlp_hidden": model.cfg.hidden, "mlp_pre": model.cfg.hidden}
