@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo test test-slow test-fast lint typecheck bench
+.PHONY: all setup demo test test-slow test-fast lint typecheck bench saelens-venv
 
 all: demo
 
@@ -45,8 +45,16 @@ test: lint typecheck
 
 # the slow tier: every real-model comparison, compiled paths, subprocesses and training runs, a fresh install,
 # and every command of the README and docs as a newcomer types them (about an hour on 2 cores)
-test-slow: setup
+test-slow: setup saelens-venv
 	$(BIN)/python -m pytest -q -m slow
+
+# sae-lens (with TransformerLens) in an environment of its own beside the same torch, outside the repo: the slow
+# tier checks that dictionaries written by either library read in the other (tests/test_saelens_interop.py)
+SAELENS := $(HOME)/.cache/lumen-tools/saelens
+saelens-venv:
+	test -x $(SAELENS)/bin/python || $(PY) -m venv $(SAELENS)
+	$(SAELENS)/bin/python -c "import sae_lens" 2>/dev/null || { $(SAELENS)/bin/python -m pip install -q torch==2.13.0 \
+	  && $(SAELENS)/bin/python -m pip install -q sae-lens==6.54.12 torch==2.13.0; }
 
 # the inner loop: the unit tests alone (no real model, no compiling)
 test-fast: setup
