@@ -471,3 +471,15 @@ def test_the_features_command_measures_a_dictionary_and_shows_a_feature(tmp_path
     (tmp_path / "sae" / "cfg.json").write_text('{"architecture": "gated"}')
     bad = lumen(str(tmp_path / "sae"))
     assert bad.returncode == 2 and "architecture 'gated'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_cache_holds_features_beside_the_models_own_activations():
+    from lumen.features import run_with_cache as run_with_features
+
+    model = tiny()
+    sae = random_sae(TopK(3))
+    own, plain = run_with_cache(model, IDX)
+    logits, cache = run_with_features(model, IDX, sae)
+    torch.testing.assert_close(logits, own)
+    torch.testing.assert_close(cache["blocks.1.resid_post"], plain["blocks.1.resid_post"])
+    torch.testing.assert_close(cache["blocks.1.resid_post.features"], sae.encode(plain["blocks.1.resid_post"]))

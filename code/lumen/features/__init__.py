@@ -14,9 +14,9 @@ attribution patching and exact patching of features).
 
 from .dictionary import SAE, BatchTopK, JumpReLU, ReLU, TopK, Transcoder
 from .saelens import hook_from_site, read_saelens, save_saelens, site_from_hook
-from .splice import spliced
+from .splice import run_with_cache, spliced
 from .tools import feature_attribution, feature_logits, patch_feature, top_contexts
 
 __all__ = ["SAE", "BatchTopK", "JumpReLU", "ReLU", "TopK", "Transcoder", "feature_attribution", "feature_logits",
-           "hook_from_site", "patch_feature", "read_saelens", "save_saelens", "site_from_hook", "spliced",
-           "top_contexts"]
+           "hook_from_site", "patch_feature", "read_saelens", "run_with_cache", "save_saelens", "site_from_hook",
+           "spliced", "top_contexts"]

@@ -16,15 +16,18 @@ is still there to read, patch or attribute to (the "error term" of circuit work)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
 
 from .. import names
 from ..errors import UserError
+from ..inspect.cache import ActivationCache
+from ..inspect.cache import run_with_cache as cached
 from ..inspect.hooks import Hook, hooked, place
 from ..model import GPT
+from ..tokenizers import Batch
 from .dictionary import SAE, Transcoder
 
 FEATURES, RECONSTRUCTION, ERROR = "features", "reconstruction", "error"
@@ -100,3 +103,14 @@ def check_fits(model: GPT, sae: SAE) -> None:
         if width != want:
             raise UserError(f"the dictionary on {site} has width {width}, but this model's {site} is {want} wide: "
                             f"it belongs to another model")
+
+
+def run_with_cache(model: GPT, idx: torch.Tensor | Batch, *saes: SAE, names: Iterable[str] | None = None,
+                   error: bool = True, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ActivationCache]:
+    """lumen.inspect.run_with_cache with dictionaries spliced in: the cache also holds each one's
+    `SITE.features`, `SITE.reconstruction` and `SITE.error`. error=True (the default) keeps the model's own
+    forward pass, so every other activation is the model's; error=False runs it on the reconstructions."""
+    with spliced(model, *saes, error=error) as seen:
+        logits, cache = cached(model, idx, names=names, mask=mask)
+    cache.update(seen)
+    return logits, cache
