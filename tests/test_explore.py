@@ -135,6 +135,22 @@ def test_click_a_column_shows_that_positions_attribution(subject, page, browser)
         assert float(heads[6].get_attribute("data-value")) == pytest.approx(float(a.heads[1, 2, t]), abs=2e-6)
 
 
+def test_the_attribution_bars_labels_never_overlap(page, browser):
+    """Issue 39: at 1400x1000 the labels ("block 2 attention") ran into the bars. Every label, track and value of
+    every row sits in its own box, left to right, and the rows stack without touching."""
+    browser.get(page[0].as_uri())
+    css(browser, '#lens th.col[data-t="0"]')[0].click()
+    rows = css(browser, "#attr .bar-row")
+    boxes = [browser.execute_script(
+        "return [...arguments[0].children].map(e => { const r = e.getBoundingClientRect(); "
+        "return [r.left, r.right, r.top, r.bottom, e.scrollWidth, e.clientWidth]; })", row) for row in rows]
+    for row, (name, track, val) in zip(rows, boxes):
+        assert name[4] <= name[5] + 1, f"{row.get_attribute('data-component')}: the label is cut or spills"
+        assert name[1] <= track[0] + 0.5 and track[1] <= val[0] + 0.5, row.get_attribute("data-component")
+    for (a, *_), (b, *_) in zip(boxes, boxes[1:]):
+        assert a[3] <= b[2] + 0.5   # one row's label ends above the next one's
+
+
 def test_click_a_head_draws_its_attention_pattern(subject, page, browser):
     model, tok = subject
     browser.get(page[0].as_uri())

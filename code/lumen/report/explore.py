@@ -126,10 +126,11 @@ th.col { cursor: pointer; } td.cell { cursor: pointer; font-family: monospace; t
 .row-flex { display: flex; gap: 28px; flex-wrap: wrap; align-items: flex-start; }
 .row-flex .note { max-width: 380px; }
 .bar-row { display: flex; align-items: center; height: 15px; font-size: 11px; }
-.bar-row .name { width: 90px; text-align: right; padding-right: 6px; font-family: monospace; }
-.bar-row .track { width: 260px; position: relative; height: 11px; background: #f6f6f6; }
+.bar-row .name { flex: none; width: var(--name-width, 18ch); text-align: right; padding-right: 6px;
+                 font-family: monospace; white-space: nowrap; box-sizing: content-box; }
+.bar-row .track { flex: none; width: 260px; position: relative; height: 11px; background: #f6f6f6; }
 .bar-row .bar { position: absolute; top: 0; height: 11px; }
-.bar-row .val { width: 70px; padding-left: 6px; font-family: monospace; }
+.bar-row .val { flex: none; width: 9ch; padding-left: 6px; font-family: monospace; white-space: nowrap; }
 td.head { width: 18px; height: 13px; cursor: pointer; padding: 0; }
 #pattern { image-rendering: pixelated; border: 1px solid #ccc; width: 360px; height: 360px; }
 #error { color: #a00; background: #fee; border: 1px solid #e99; padding: 6px 10px; margin: 8px 0; }
@@ -210,6 +211,8 @@ function buildAttr() {
     'position ' + pos + ' (' + JSON.stringify(D.tokens[pos]) + '): ' + what + ' = ' + A.logit[pos].toFixed(3);
   box.textContent = '';
   const names = Object.keys(A.components);
+  // the label column as wide as the longest label ("block 29 attention"), so no label runs into its bar
+  box.style.setProperty('--name-width', Math.max(...names.map(n => D.display[n].length)) + 'ch');
   const lim = Math.max(...names.map(n => Math.abs(A.components[n][pos]))) || 1;
   names.forEach(n => {
     const v = A.components[n][pos];
