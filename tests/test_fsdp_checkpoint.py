@@ -98,6 +98,7 @@ def test_the_index_is_never_unpickled_into_arbitrary_objects(sharded, tmp_path):
             return (shutil.copy, (str(path / ckpt.CONFIG), str(witness)))
 
     (path / ckpt.SHARD_INDEX).write_bytes(pickle.dumps(Payload()))
+    ckpt.write_manifest(path)  # the manifest agrees: the index's own wall is what is tested
     with pytest.raises(CheckpointError, match=r"\.metadata is damaged .*names shutil\.copy"):
         ckpt.read_sharded_state(path)
     assert not witness.exists()
@@ -136,6 +137,7 @@ def test_an_index_entry_marked_as_bytes_is_refused_before_torch_unpickles_it(sha
     path, _, _ = sharded
     witness = tmp_path / "ran"
     plant_bytes_entry(path, witness, key)
+    ckpt.write_manifest(path)
     fresh, fresh_opt = trained(seed=1)
     groups = ckpt.load_trainer_state(path)["optimizer"]["param_groups"]
     with pytest.raises(CheckpointError, match=rf"marks '{key}' as BytesStorageMetadata, not a tensor"):
@@ -161,9 +163,11 @@ def test_an_index_that_does_not_fit_the_config_is_refused_before_anything_is_all
     path, _, _ = sharded
     cfg = json.loads((path / ckpt.CONFIG).read_text())
     (path / ckpt.CONFIG).write_text(json.dumps({**cfg, "d_model": 64, "n_heads": 2}))
+    ckpt.write_manifest(path)
     with pytest.raises(CheckpointError, match=r"tok_emb\.weight is \(40, 32\), but config\.json needs \(40, 64\)"):
         ckpt.read_sharded_state(path)
     (path / ckpt.CONFIG).write_text(json.dumps({**cfg, "n_layers": 3}))
+    ckpt.write_manifest(path)
     with pytest.raises(CheckpointError, match="holds 2 blocks but config.json says n_layers = 3"):
         ckpt.read_sharded_state(path)
 
@@ -176,6 +180,7 @@ def test_an_index_whose_pieces_leave_a_hole_is_refused(sharded):
     emb.chunks[0] = type(emb.chunks[0])(offsets=emb.chunks[0].offsets,
                                         sizes=torch.Size([half, *emb.chunks[0].sizes[1:]]))
     (path / ckpt.SHARD_INDEX).write_bytes(pickle.dumps(index))
+    ckpt.write_manifest(path)
     with pytest.raises(CheckpointError, match="the pieces of tok_emb.weight do not make up the whole tensor"):
         ckpt.read_sharded_state(path)
 
@@ -184,10 +189,13 @@ def test_a_damaged_shard_is_one_clear_error(sharded):
     path, _, _ = sharded
     (shard,) = (path / ckpt.SHARDS).glob("*.distcp")
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 10])
-    with pytest.raises(CheckpointError, match="cannot be read .*: it is damaged"):
-        ckpt.read_sharded_state(path)
     with pytest.raises(CheckpointError, match="has .* bytes, the manifest says"):
         ckpt.verify(path)
+    with pytest.raises(CheckpointError, match="has .* bytes, the manifest says"):
+        ckpt.read_sharded_state(path)  # checked against the manifest before it is read
+    ckpt.write_manifest(path)  # a manifest rewritten to match: torch's reader meets the damage
+    with pytest.raises(CheckpointError, match="cannot be read .*: it is damaged"):
+        ckpt.read_sharded_state(path)
 
 
 def test_a_manifest_lists_nothing_outside_the_checkpoint(sharded):
