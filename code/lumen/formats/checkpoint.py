@@ -221,8 +221,8 @@ def choose(run_dir: str | Path) -> tuple[Path, str]:
     if problem:
         others = [p for p in reversed(found) if p != chosen and is_checkpoint(p)]
         alternative = f"; give another checkpoint folder to read, e.g. {others[0]}" if others else ""
-        raise CheckpointError(f"{chosen} is damaged ({problem}), and it is the checkpoint {run} is read at "
-                              f"({why.split(';')[0]}){alternative}")
+        raise CheckpointError(f"{run} is read at {chosen.name} ({why.split(';')[0]}), which is damaged "
+                              f"({problem}){alternative}")
     return chosen, why
 
 
@@ -588,7 +588,8 @@ def _reason(e: BaseException) -> str:
         found = re.search(r"WeightsUnpickler error: *(\S.*)", text) or re.search(r"load failed\. (?!In PyTorch)(\S.*)",
                                                                                text)
         return f"not tensors torch reads safely: {found.group(1).strip()[:120] if found else 'an unknown record'}"
-    return ((text.splitlines() or [type(e).__name__])[0] or type(e).__name__)[:160]
+    first = (text.splitlines() or [""])[0] or type(e).__name__
+    return re.split(r"(?<=\w)\. (?=[A-Z])", first)[0][:160]  # its first sentence (torch's go on with advice)
 
 
 @contextlib.contextmanager
