@@ -413,3 +413,28 @@ def test_a_damaged_best_json_is_said_so(sharded_run, tmp_path, capsys):
     mkfifo(run / "best.json")
     code, err = generate(capsys, run)
     assert code == 0 and "best.json is a FIFO" in err.splitlines()[0], err
+
+
+@pytest.mark.slow
+def test_each_rank_file_carries_the_checkpoint_id(sharded_run, tmp_path):
+    """Two processes (torchrun, gloo): each rank's shard file carries the checkpoint's id, so rank 1's file of step 2
+    put into step 4 (the manifest rewritten to match) is refused, naming it; the checkpoint as written loads."""
+    import os
+    import subprocess
+    import sys
+
+    _, _, _, sets = sharded_run
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "lumen", "train",
+           "--preset", "tiny", *(f"--set={s}" for s in [*sets, f"out_dir='{run}'", "steps=4", "grad_accum=2"])]
+    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "LUMEN_OFFLINE": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for n in (2, 4):
+        assert sorted(p.name for p in (step(run, n) / "shards").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+        ckpt.verify(step(run, n))
+    assert ckpt.read_sharded_state(step(run, 4)).keys() >= {"tok_emb.weight"}
+    shutil.copy(step(run, 2) / "shards" / "__1_0.distcp", step(run, 4) / "shards" / "__1_0.distcp")
+    ckpt.write_manifest(step(run, 4))
+    with pytest.raises(CheckpointError, match=r"__1_0\.distcp belongs to another checkpoint"):
+        ckpt.read_sharded_state(step(run, 4))

@@ -258,11 +258,17 @@ def resume_from(path: Path, model: GPT, opt: Optimizer, cfg: TrainConfig, model_
     state = ckpt.load_trainer_state(path)
     try:
         saved = json.loads(state["train_config"])
-        assert isinstance(saved, dict)
-    except (ValueError, AssertionError):
+    except ValueError:
+        saved = None
+    if not isinstance(saved, dict):
         raise CheckpointError(f"{path / ckpt.TRAINER}: the settings it records are damaged; resume from an "
-                              f"earlier checkpoint") from None
-    same_run(path.parent.parent, saved, ModelConfig.load(path / ckpt.CONFIG).to_dict(), cfg, model_cfg)
+                              f"earlier checkpoint")
+    saved_model = ModelConfig.load(path / ckpt.CONFIG)
+    same_run(path.parent.parent, saved, saved_model.to_dict(), cfg, model_cfg)
+    if saved_model.vocab_size != model_cfg.vocab_size:  # the same settings, but the corpus's text has changed
+        raise UserError(f"{path} was trained with a tokenizer of {saved_model.vocab_size} tokens, this run's has "
+                        f"{model_cfg.vocab_size} (its corpus changed?); resume with the run's own corpus, or train "
+                        f"into another directory (--set out_dir=...)")
     groups = _group_kinds(opt)
     if ckpt.is_sharded(path):
         if not isinstance(opt, torch.optim.Optimizer):  # (TrainConfig refuses Muon with FSDP)
