@@ -1,7 +1,10 @@
 """Sharded checkpoints in one process (no process group, so fast): what torch.distributed.checkpoint writes reads
 back to the same bits, as whole tensors for loading and into a model and optimizer for resuming; the index is
 never unpickled into arbitrary objects; damaged shards and an index that does not fit the config are one clear
-error; the `parallel` setting is checked where it is read; gloo's lost-peer errors are told from other errors."""
+error; the `parallel` setting is checked where it is read; gloo's lost-peer errors are told from other errors.
+Through the real command (issue 38): a run whose best checkpoint is damaged, made a FIFO, or put together from two
+checkpoints is named in one line by `lumen generate`, and passed over by `lumen train --resume`, which then ends with
+the undisturbed run's weights."""
 
 from __future__ import annotations
 

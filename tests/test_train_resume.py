@@ -1,6 +1,7 @@
 """Resuming and more than one process, with real subprocesses: a run killed with SIGKILL at a random moment
 and resumed ends with the same weights, bit for bit, as the run left alone; two torchrun processes take the
-same steps as one process accumulating the same global batch; a distributed run resumes exactly."""
+same steps as one process accumulating the same global batch; a distributed run resumes exactly; a run is never
+overwritten, nor resumed with other settings (issue 39)."""
 
 from __future__ import annotations
 
