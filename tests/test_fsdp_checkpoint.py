@@ -367,6 +367,10 @@ DAMAGE = {
     "damaged index, manifest rewritten": (
         lambda run, other: (flip(step(run, 4) / ckpt.SHARD_INDEX, 300), ckpt.write_manifest(step(run, 4))),
         ".metadata is damaged"),
+    "trainer.pt of objects torch will not build, manifest rewritten": (
+        lambda run, other: (torch.save({"when": __import__("datetime").date(2026, 1, 1)}, step(run, 4) / ckpt.TRAINER),
+                            ckpt.write_manifest(step(run, 4))),
+        "trainer.pt is damaged (not tensors torch reads safely: Unsupported global: GLOBAL datetime.date"),
     "garbage trainer.pt, manifest rewritten": (
         lambda run, other: ((step(run, 4) / ckpt.TRAINER).write_bytes(b"PK\x03\x04" + bytes(200)),
                             ckpt.write_manifest(step(run, 4))), "trainer.pt is damaged"),

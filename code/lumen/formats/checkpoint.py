@@ -585,7 +585,7 @@ def _reason(e: BaseException) -> str:
         e = failures(e)[0]
     text = str(e).strip()
     if text.startswith("Weights only load failed"):
-        found = re.search(r"WeightsUnpickler error: *(\S.*)", text) or re.search(r"load failed\. (?!In PyTorch)(\S.*)",
+        found = re.search(r"WeightsUnpickler error:\s*(\S.*)", text) or re.search(r"load failed\. (?!In PyTorch)(\S.*)",
                                                                                text)
         return f"not tensors torch reads safely: {found.group(1).strip()[:120] if found else 'an unknown record'}"
     first = (text.splitlines() or [""])[0] or type(e).__name__
