@@ -7,6 +7,13 @@ the file (or key), or a run that works and is right; never another exception, ne
 run (resuming is bit-exact from any intact checkpoint, so a damaged one used silently shows up); an accepted
 config satisfies the ranges the issue lists; a token cache yields the tokens it was built with.
 
+Sharded runs (parallel = fsdp) have a family of their own: any file damaged, replaced by a FIFO, or swapped for the
+same file of another checkpoint (of the run, or of another run), with or without the manifest rewritten to match
+(as whoever changed the files would). Resumed, the run ends with the undisturbed run's weights, and loaded (what
+`lumen generate RUN` reads), it gives the weights of one of its intact checkpoints, or either is a LumenError; a
+swapped file is always refused. (Bytes changed inside a tensor, under a manifest rewritten to match, are another
+checkpoint rather than a damaged one: those cases are held to "no escape, no hang" only.)
+
     LUMEN_FUZZ_EXAMPLES=2000 pytest -m fuzz tests/test_fuzz_runs.py   # more cases (default: a few hundred)
     LUMEN_FUZZ_TALLY=out.jsonl ...                                      # record outcomes instead of failing
 """
@@ -33,7 +40,7 @@ from lumen.train import load_config, to_toml, train
 
 pytestmark = pytest.mark.fuzz
 
-SCALE = int(os.environ.get("LUMEN_FUZZ_EXAMPLES", "0")) / 335 or 1.0  # the default is 335 cases in all
+SCALE = int(os.environ.get("LUMEN_FUZZ_EXAMPLES", "0")) / 365 or 1.0  # the default is 365 cases in all
 TALLY = os.environ.get("LUMEN_FUZZ_TALLY")
 SECONDS = 20  # per case: longer is a hang
 
@@ -49,11 +56,13 @@ class Hung(Exception):
 
 
 def outcome(family: str, case: object, fn) -> str:
-    """Run one case under a time limit: "ok", "lumen-error", "escaped: TYPE: message", "hung" or "wrong: why"
-    (fn returns a string saying what is wrong with a result it accepted, or None)."""
+    """Run one case under a time limit: "ok", "lumen-error", "escaped: TYPE: message", "hung", "wrong: why" (fn
+    returns a string saying what is wrong with a result it accepted, or None) or "ugly: message" (a LumenError that
+    is not one line of lumen's own words: empty, several lines, a traceback, torch's weights_only advice)."""
     def alarm(signum, frame):
         raise Hung()
 
+    msg = ""
     previous = signal.signal(signal.SIGALRM, alarm)
     signal.alarm(SECONDS)
     try:
@@ -62,7 +71,9 @@ def outcome(family: str, case: object, fn) -> str:
     except Hung:
         result = "hung"
     except LumenError as e:
-        result = "lumen-error" if str(e).strip() else "escaped: LumenError without a message"
+        msg = str(e).strip()
+        ugly = not msg or "\n" in msg or any(w in msg for w in ("Traceback", "weights_only", "Weights only"))
+        result = f"ugly: {msg[:200]!r}" if ugly else "lumen-error"
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - what the property forbids
         result = f"escaped: {type(e).__name__}: {str(e)[:200]}"
     finally:
@@ -70,7 +81,8 @@ def outcome(family: str, case: object, fn) -> str:
         signal.signal(signal.SIGALRM, previous)
     if TALLY:
         with open(TALLY, "a") as f:
-            f.write(json.dumps({"family": family, "case": repr(case)[:300], "outcome": result}) + "\n")
+            f.write(json.dumps({"family": family, "case": repr(case)[:300], "outcome": result, "said": msg[:300]})
+                    + "\n")
     else:
         assert result in ("ok", "lumen-error"), f"{family} {case!r}: {result}"
     return result
@@ -201,6 +213,83 @@ def test_trainer_state_files(tmp_path_factory, base, d):
         state = ckpt.load_trainer_state(path)
         return None if isinstance(state, dict) and isinstance(state.get("step"), int) else f"read {type(state)}"
     outcome("trainer.pt", how, read)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sharded runs
+
+@pytest.fixture(scope="module")
+def sharded_base(corpus, data, tmp_path_factory):
+    """A sharded run (parallel = fsdp, one process) stopped at step 4, the weights of its checkpoints 2 and 4 and
+    of its undisturbed end (step 6), and another sharded run of the same shapes (seed 7) to take files from."""
+    root = tmp_path_factory.mktemp("fuzz-sharded")
+    full, other = root / "full", root / "other"
+    train(*run_config(corpus, full, "parallel=fsdp"), data=data)
+    train(*run_config(corpus, other, "parallel=fsdp", "seed=7", "steps=4"), data=data)
+    weights = {n: ckpt.read_sharded_state(full / "checkpoints" / f"step-{n:06d}") for n in (2, 4, 6)}
+    killed = root / "killed"
+    shutil.copytree(full, killed)
+    shutil.rmtree(killed / "checkpoints" / "step-000006")
+    (killed / "summary.json").unlink()
+    (killed / "best.json").write_text(json.dumps({"checkpoint": "step-000004", "val_loss": 3.0}))
+    return killed, weights, other
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+SHARDED_HOWS = [*HOWS, "fifo", "swap-step", "swap-run"]
+
+
+@examples(30)
+@given(st.data())
+def test_sharded_run_directory(tmp_path_factory, corpus, data, sharded_base, d):
+    killed, weights, other = sharded_base
+    run = tmp_path_factory.mktemp("case") / "run"
+    shutil.copytree(killed, run)
+    target = d.draw(st.sampled_from(files_of(run)))
+    how = d.draw(st.sampled_from(SHARDED_HOWS))
+    parts = Path(target).parts
+    in_step = len(parts) > 2 and parts[0] == "checkpoints"
+    before = (run / target).read_bytes()
+    if how == "fifo":
+        (run / target).unlink()
+        os.mkfifo(run / target)
+    elif how.startswith("swap") and in_step:  # the same file of the run's other checkpoint, or of another run
+        source = {"step-000004": "step-000002", "step-000002": "step-000004"}[parts[1]] if how == "swap-step" \
+            else parts[1]
+        donor = (run if how == "swap-step" else other) / "checkpoints" / source / Path(*parts[2:])
+        if donor.is_file():
+            shutil.copy(donor, run / target)
+    elif not how.startswith("swap"):
+        mutate(run / target, how, d.draw)
+    rewrite = in_step and d.draw(st.booleans()) and target.rsplit("/", 1)[-1] != ckpt.MANIFEST
+    if rewrite:
+        ckpt.write_manifest(run / "checkpoints" / parts[1])
+    swapped = how.startswith("swap") and (run / target).read_bytes() != before  # wrong by construction
+    trusted = not rewrite or swapped  # a tensor's bytes changed under a rewritten manifest: another checkpoint
+
+    def loaded_right() -> str | None:
+        state = ckpt.read_run(run).state
+        if swapped and (run / "checkpoints" / parts[1]) == ckpt.resolve(run):
+            return "read a checkpoint put together from two"
+        if trusted and not any(same_weights(state, weights[n]) for n in (2, 4)):
+            return "read other weights than any intact checkpoint's"
+        return None
+
+    def resumed_right() -> str | None:
+        result = train(*run_config(corpus, run, "parallel=fsdp"), data=data, resume=True)
+        if result.steps != 6:
+            return f"ended at step {result.steps}"
+        if trusted and not same_weights(ckpt.read_sharded_state(run / "checkpoints" / "step-000006"), weights[6]):
+            return "resumed to other weights than the undisturbed run (a damaged checkpoint was used)"
+        return None
+
+    if d.draw(st.booleans()):
+        outcome("sharded load", (target, how, rewrite), loaded_right)
+    else:
+        outcome("sharded resume", (target, how, rewrite), resumed_right)
 
 
 # ---------------------------------------------------------------------------------------------------------------

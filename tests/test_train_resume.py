@@ -1,6 +1,7 @@
 """Resuming and more than one process, with real subprocesses: a run killed with SIGKILL at a random moment
 and resumed ends with the same weights, bit for bit, as the run left alone; two torchrun processes take the
-same steps as one process accumulating the same global batch; a distributed run resumes exactly."""
+same steps as one process accumulating the same global batch; a distributed run resumes exactly; a run is never
+overwritten, nor resumed with other settings (issue 39)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,54 @@ def test_two_processes_match_one_with_accumulation_and_resume(tmp_path):
     check(lumen_train(again, *sets, resume=True, nproc=2))
     assert_same_bits(final_weights(again, 8), final_weights(tmp_path / "two", 8))
     assert losses(again) == two
+
+
+def test_a_run_is_never_overwritten_or_resumed_with_other_settings(tmp_path):
+    """Issue 39: training into a folder that holds a run stopped before its first checkpoint is refused without
+    --resume, and --resume with other settings is refused naming them; the run's files are left as they were.
+    Settings of the session (threads, progress, eval_interval) may change: a finished run is re-reported."""
+    sets = ["steps=4", "eval_interval=2", "batch_size=4"]
+    finished, stopped = tmp_path / "finished", tmp_path / "stopped"
+    check(lumen_train(finished, *sets))
+    shutil.copytree(finished, stopped)  # as a run killed before its first checkpoint leaves its folder
+    for name in ("checkpoints", "best.json", "summary.json", "loss.png"):
+        shutil.rmtree(stopped / name) if (stopped / name).is_dir() else (stopped / name).unlink()
+
+    def files(run: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+
+    def refused(cmd: list[str], run: Path, *named: str) -> None:
+        before = files(run)
+        done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+        line = done.stderr.strip()
+        assert done.returncode == 2 and len(line.splitlines()) == 1 and all(n in line for n in named), done.stderr
+        assert files(run) == before  # nothing overwritten
+
+    refused(lumen_train(stopped, "steps=6", "eval_interval=2", "batch_size=4"), stopped, "already holds a run",
+            "--resume")
+    refused(lumen_train(stopped, "steps=6", "eval_interval=2", "batch_size=4", resume=True), stopped,
+            "other settings", "steps = 4 (now: 6)")
+    refused(lumen_train(finished, *sets, "lr=0.01", resume=True), finished, "other settings", "lr = 0.003 (now: 0.01)")
+    refused(lumen_train(finished, *sets, "model.n_layers=2", resume=True), finished, "another model config",
+            "n_layers = 1 (now: 2)")
+    # the same run, another session: re-reported, not refused; the stopped one starts again
+    done = subprocess.run(lumen_train(finished, "steps=4", "eval_interval=3", "batch_size=4", "threads=2",
+                                      "progress=true", resume=True), env=env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "already trained to step 4" in done.stderr, done.stderr
+    check(lumen_train(stopped, *sets, resume=True))
+    assert (stopped / "checkpoints" / "step-000004").is_dir()
+
+
+def test_which_settings_define_a_run():
+    from lumen.train.rundir import differences
+
+    saved = {"steps": 300, "lr": 0.003, "threads": 1, "eval_interval": 550, "corpus": ["a.txt"]}
+    assert differences(saved, {**saved, "threads": 2, "eval_interval": 10}) == []  # a session's
+    assert differences(saved, {**saved, "steps": 2200, "corpus": ("b.txt",)}) == [
+        "steps = 300 (now: 2200)", "corpus = ['a.txt'] (now: ['b.txt'])"]
+    # a run sized by time chose its steps as it started (written with the budget spent): asked for again with the
+    # budget, that count is its own; asked for with steps given, they must agree
+    chosen = {**saved, "time_budget": 0}
+    assert differences(chosen, {**saved, "steps": 2200, "time_budget": 300}) == []
+    assert differences(chosen, {**saved, "steps": 2200, "time_budget": 0}) == ["steps = 300 (now: 2200)"]

@@ -134,17 +134,13 @@ def load_with_tokenizer(spec: str, dtype: str = "float32"):
 
 def checkpoint_note(spec: str) -> str | None:
     """Which checkpoint of a lumen run directory a command reads (its best by validation loss, which may
-    not be its latest), to say on stderr; None for any other spec."""
+    not be its latest), and why, to say on stderr; None for any other spec."""
     from pathlib import Path
 
-    from ..formats.checkpoint import best_checkpoint, checkpoints, is_checkpoint
+    from ..formats.checkpoint import choose, is_checkpoint, step_folders
 
     path = Path(spec)
-    if not path.is_dir() or is_checkpoint(path) or not (found := checkpoints(path)):
+    if not path.is_dir() or is_checkpoint(path) or not step_folders(path):
         return None
-    best, latest = best_checkpoint(path), found[-1]
-    if best is None:
-        return f"read {latest} (the latest checkpoint; the run names no best one)"
-    if best == latest:
-        return f"read {best} (the best checkpoint by validation loss, and the latest)"
-    return f"read {best} (the best checkpoint by validation loss; the latest is {latest}: give it to read that)"
+    chosen, why = choose(path)
+    return f"read {chosen} ({why})"

@@ -11,7 +11,10 @@
 A sharded run (parallel = "fsdp") writes `shards/` in place of model.safetensors: torch.distributed.checkpoint's
 folder (.metadata, and a __R_0.distcp file written by each rank R) holding the weights and AdamW's moments,
 each tensor in the pieces the ranks held. It resumes at any number of processes (`load_sharded`), and it
-loads wherever a run loads: `read_sharded_state` puts the pieces together into whole tensors.
+loads wherever a run loads: `read_sharded_state` puts the pieces together into whole tensors, after `verify`
+has checked every file against the manifest. Its files carry one checkpoint id (meta.json, trainer.pt, the
+index, and a small tensor in each rank's shard file), so that files of two checkpoints put together, even
+under a manifest rewritten to match them, are told apart from one checkpoint.
 
 A run directory holds such checkpoints under `checkpoints/` and names its best one in `best.json`:
 
@@ -29,8 +32,11 @@ import contextlib
 import io
 import json
 import math
+import os
 import pickle
 import re
+import stat
+import uuid
 import warnings
 from pathlib import Path
 
@@ -64,6 +70,7 @@ SHARD_INDEX = f"{SHARDS}/.metadata"
 CHECKPOINTS = "checkpoints"
 BEST = "best.json"
 PREFIX = "step-"
+ID = "checkpoint_id"  # a sharded checkpoint's id: in meta.json, trainer.pt, the index and each rank's shard file
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -113,13 +120,47 @@ def step_key(path: Path) -> int:
     return step
 
 
+def file_kind(path: Path) -> str | None:
+    """None for a regular file (a link to one too); else what is there instead ("missing", "a FIFO", ...),
+    found without opening it: a FIFO opened for reading waits for a writer forever."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"unreadable ({e.strerror or type(e).__name__})"
+    if stat.S_ISREG(mode):
+        return None
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a device")
+
+
+def incomplete(path: Path) -> str | None:
+    """What keeps a folder from being a complete checkpoint (its config, and its weights, whole or sharded);
+    None when it is one."""
+    if kind := file_kind(path / CONFIG):
+        return f"{CONFIG} is {kind}"
+    weights, index = file_kind(path / WEIGHTS), file_kind(path / SHARD_INDEX)
+    if weights is None or index is None:
+        return None
+    if weights != "missing":
+        return f"{WEIGHTS} is {weights}"
+    if index != "missing" or (path / SHARDS).is_dir():
+        return f"{SHARD_INDEX} is {index}"
+    return f"it has neither {WEIGHTS} nor {SHARD_INDEX}"
+
+
 def checkpoints(run_dir: str | Path) -> list[Path]:
     """The complete checkpoints of a run (step-N folders with weights and config), oldest first."""
+    return [p for p in step_folders(run_dir) if is_checkpoint(p)]
+
+
+def step_folders(run_dir: str | Path) -> list[Path]:
+    """Every step-N folder of a run, complete or not, oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if step_of(p) is not None and is_checkpoint(p)]
-    return sorted(found, key=step_key)
+    return sorted((p for p in root.iterdir() if step_of(p) is not None and p.is_dir()), key=step_key)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -130,38 +171,88 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 def best_checkpoint(run_dir: str | Path) -> Path | None:
     """The checkpoint `best.json` names, if it still exists (None when best.json is missing or unreadable)."""
-    pointer = Path(run_dir) / BEST
+    path, _ = _named_best(Path(run_dir))
+    return path if path is not None and is_checkpoint(path) else None
+
+
+def _named_best(run: Path) -> tuple[Path | None, str]:
+    """The step folder best.json names (None if it names none), and else why not, in words for a note."""
+    pointer = run / BEST
+    kind = file_kind(pointer)
+    if kind == "missing":
+        return None, "the run names no best one"
+    if kind:
+        return None, f"{BEST} is {kind}, not a file, so the best is unknown"
     try:
         name = read_json(pointer, "best checkpoint", CheckpointError)["checkpoint"]
-        path = Path(run_dir) / CHECKPOINTS / name
+        path = run / CHECKPOINTS / name
     except (LumenError, KeyError, TypeError, ValueError):
-        return None
-    return path if path.parent.name == CHECKPOINTS and is_checkpoint(path) else None
+        return None, f"{BEST} is damaged, so the best is unknown"
+    if path.parent != run / CHECKPOINTS or step_of(path) is None:
+        return None, f"{BEST} is damaged (it names {str(name)[:40]!r}), so the best is unknown"
+    if not path.is_dir():
+        return None, f"{BEST} names {path.name}, which is gone"
+    return path, ""
+
+
+def choose(run_dir: str | Path) -> tuple[Path, str]:
+    """The checkpoint a run directory is read at, and why (for a note): the one best.json names, the best by
+    validation loss; else the newest. The one chosen must be complete: a damaged one is an error that says
+    what is wrong, never a quiet step back to an older checkpoint.
+
+        >>> path, why = choose("runs/shakespeare")   # doctest: +SKIP
+        >>> why                                       # doctest: +SKIP
+        'the best checkpoint by validation loss, and the latest'
+    """
+    run = Path(run_dir)
+    found = step_folders(run)
+    if not found:
+        raise MissingFileError(f"{run} has no {CHECKPOINTS}/{PREFIX}N folder: it is not a run with a checkpoint "
+                               f"yet (train one with `lumen train`)")
+    newest = found[-1]
+    best, why_not = _named_best(run)
+    if best is None:
+        chosen, why = newest, f"the latest checkpoint; {why_not}"
+    elif best == newest:
+        chosen, why = best, "the best checkpoint by validation loss, and the latest"
+    else:
+        chosen, why = best, f"the best checkpoint by validation loss; the latest is {newest}: give it to read that"
+    problem = incomplete(chosen)
+    if problem:
+        others = [p for p in reversed(found) if p != chosen and is_checkpoint(p)]
+        alternative = f"; give another checkpoint folder to read, e.g. {others[0]}" if others else ""
+        raise CheckpointError(f"{run} is read at {chosen.name} ({why.split(';')[0]}), which is damaged "
+                              f"({problem}){alternative}")
+    return chosen, why
 
 
 def resolve(path: str | Path) -> Path:
-    """A checkpoint directory from a checkpoint or run directory (a run's best, else its latest)."""
+    """A checkpoint directory from a checkpoint or run directory (a run's best, else its latest: `choose`)."""
     path = Path(path)
     if not path.exists():
         raise MissingFileError(f"no such run or checkpoint: {path}")
     if is_checkpoint(path):
         return path
-    found = best_checkpoint(path) or latest_checkpoint(path)
-    if found is None:
-        raise MissingFileError(
-            f"{path} is neither a lumen checkpoint ({WEIGHTS} + {CONFIG}) nor a run directory with "
-            f"{CHECKPOINTS}/{PREFIX}N inside (train one with `lumen train`)"
-        )
-    return found
+    if step_folders(path):
+        return choose(path)[0]
+    if step_of(path) is not None or any((path / name).exists() for name in (MANIFEST, CONFIG, SHARDS)):
+        raise CheckpointError(f"{path} is not a complete checkpoint ({incomplete(path)}); it is damaged")
+    raise MissingFileError(
+        f"{path} is neither a lumen checkpoint ({WEIGHTS} + {CONFIG}) nor a run directory with "
+        f"{CHECKPOINTS}/{PREFIX}N inside (train one with `lumen train`)"
+    )
 
 
 def read_run(path: str | Path) -> Weights:
     """The weights, config and tokenizer of a run directory (its best checkpoint, else its latest) or of one
-    checkpoint directory."""
+    checkpoint directory (a sharded one checked against its manifest first)."""
     ckpt = resolve(path)
     cfg = ModelConfig.load(ckpt / CONFIG)
     tok_path = ckpt / TOKENIZER_FILE
-    tok = Tokenizer.load(tok_path) if tok_path.is_file() else None
+    kind = file_kind(tok_path)
+    if kind not in (None, "missing"):
+        raise CheckpointError(f"{tok_path} is {kind}, not a file; the checkpoint is damaged")
+    tok = Tokenizer.load(tok_path) if kind is None else None
     if tok is not None:
         tok.check_fits(cfg.vocab_size, str(tok_path))
     weights = ckpt / (SHARDS if is_sharded(ckpt) else WEIGHTS)
@@ -206,11 +297,15 @@ def write_manifest(ckpt: Path, hashed: dict[str, dict] | None = None) -> None:
 
 
 def verify(ckpt: str | Path) -> None:
-    """Check a checkpoint against its manifest (every file there, with its size and sha256); raise
-    CheckpointError saying what is wrong."""
+    """Check a checkpoint against its manifest (every file there, with its size and sha256; none opened that
+    is not a regular file); a sharded one's index names only files the manifest lists, and its files carry
+    one checkpoint id. Raise CheckpointError saying what is wrong."""
     ckpt = Path(ckpt)
-    if not (ckpt / MANIFEST).is_file():
+    kind = file_kind(ckpt / MANIFEST)
+    if kind == "missing":
         raise CheckpointError(f"{ckpt} has no {MANIFEST}: it was not completely written")
+    if kind:
+        raise CheckpointError(f"{ckpt / MANIFEST} is {kind}, not a file: the checkpoint is damaged")
     manifest = read_json(ckpt / MANIFEST, "checkpoint manifest", CheckpointError, "the checkpoint is damaged")
     listed = manifest.get("files") or {}  # (a manifest listing nothing fails below)
     try:
@@ -219,8 +314,11 @@ def verify(ckpt: str | Path) -> None:
         raise CheckpointError(f"{ckpt / MANIFEST} is damaged (not the manifest lumen writes)") from None
     for name, size, digest in entries:
         f = ckpt / name
-        if not _listable(name) or not f.is_file():
+        kind = file_kind(f) if _listable(name) else "missing"
+        if kind == "missing":
             raise CheckpointError(f"{ckpt}: {name} is missing")
+        if kind:
+            raise CheckpointError(f"{f} is {kind}, not a file: the checkpoint is damaged")
         if f.stat().st_size != size:
             raise CheckpointError(f"{f} has {f.stat().st_size:,} bytes, the manifest says {size:,}")
         if sha256_of(f) != digest:
@@ -228,6 +326,53 @@ def verify(ckpt: str | Path) -> None:
     names = {name for name, _, _ in entries}
     if CONFIG not in names or not ({WEIGHTS, SHARD_INDEX} & names):
         raise CheckpointError(f"{ckpt / MANIFEST} does not list {CONFIG} and {WEIGHTS} (or {SHARD_INDEX})")
+    if is_sharded(ckpt):
+        _check_shards(ckpt, names)
+
+
+def _check_shards(ckpt: Path, listed: set[str]) -> None:
+    """A sharded checkpoint's index names only shard files the manifest lists, and every file carries the
+    id of meta.json: files of two checkpoints put together (under a manifest rewritten to match) are refused."""
+    folder = ckpt / SHARDS
+    md = _ShardReader(folder).read_metadata()
+    files = {info.relative_path for info in md.storage_data.values()}
+    unlisted = sorted(f for f in files if f"{SHARDS}/{f}" not in listed)
+    if unlisted:
+        raise CheckpointError(f"{ckpt / SHARD_INDEX} names {unlisted[0]}, which {MANIFEST} does not list: the "
+                              f"index belongs to another checkpoint")
+    meta = read_json(ckpt / META, "checkpoint meta", CheckpointError, "the checkpoint is damaged") \
+        if f"{META}" in listed else {}
+    want = meta.get(ID)
+    marks = {k: v for k, v in md.state_dict_metadata.items() if k.startswith(f"{ID}.")}
+    if want is None and not marks:
+        return  # written before checkpoints carried an id
+    if not isinstance(want, str) or not re.fullmatch(r"[0-9a-f]{32}", want):
+        raise CheckpointError(f"{ckpt / META} has no {ID} although the shards carry one: the checkpoint is damaged "
+                              f"or put together from two")
+    another = "belongs to another checkpoint than meta.json (their checkpoint ids differ): the checkpoint was put " \
+              "together from two; use another checkpoint"
+    if (md.storage_meta.save_id if md.storage_meta else None) != want:
+        raise CheckpointError(f"{ckpt / SHARD_INDEX} {another}")
+    unmarked = sorted(files - {info.relative_path for idx, info in md.storage_data.items() if idx.fqn in marks})
+    if unmarked:
+        raise CheckpointError(f"{folder / unmarked[0]} carries no {ID}: it {another}")
+    if not all(isinstance(m, dcp_metadata.TensorStorageMetadata) and tuple(m.size) == (16,)
+               and m.properties.dtype == torch.uint8 for m in marks.values()):
+        raise CheckpointError(f"{ckpt / SHARD_INDEX}: its {ID} entries are not what lumen writes; the index is "
+                              f"damaged")
+    read = {k.split(".", 1)[1]: torch.zeros(16, dtype=torch.uint8) for k in marks}
+    try:
+        with _alone_is_fine():
+            dcp.load({ID: read}, storage_reader=_ShardReader(folder), no_dist=True)
+    except CheckpointException as e:
+        raise CheckpointError(f"{folder} cannot be read ({_reason(e)}): it is damaged; use another "
+                              f"checkpoint") from None
+    for rank, mark in sorted(read.items()):
+        if bytes(mark.tolist()).hex() != want:
+            holder = next(info.relative_path for idx, info in md.storage_data.items() if idx.fqn == f"{ID}.{rank}")
+            raise CheckpointError(f"{folder / holder} {another}")
+    if f"{TRAINER}" in listed and load_trainer_state(ckpt).get(ID) != want:
+        raise CheckpointError(f"{ckpt / TRAINER} {another}")
 
 
 def _listable(name: str) -> bool:
@@ -260,8 +405,7 @@ def load_trainer_state(ckpt: str | Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a damaged file fails anywhere in torch's reader (seen: Unpickling-,
         # Runtime-, EOF-, Index-, Key-, UnicodeDecode-, OSError): each means the same, this file is damaged
-        raise CheckpointError(f"{path} is damaged ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); "
-                              f"resume from an earlier checkpoint") from None
+        raise CheckpointError(f"{path} is damaged ({_reason(e)}); resume from an earlier checkpoint") from None
     if not _looks_like_trainer_state(state):
         raise CheckpointError(f"{path} is not the trainer state lumen writes; resume from an earlier checkpoint")
     return state
@@ -299,12 +443,16 @@ def save_sharded_checkpoint(path: str | Path, model: nn.Module, optimizer: torch
     raw = unwrap(model)
     assert isinstance(raw, GPT)
     main = not dist.is_initialized() or dist.get_rank() == 0
+    rank = dist.get_rank() if dist.is_initialized() else 0
     with atomic_dir(path) if main else contextlib.nullcontext() as tmp:
         folder = Path(_from_rank0(str(tmp) if main else None)) / SHARDS
+        checkpoint_id = _from_rank0(uuid.uuid4().hex if main else None)
         weights, optim = sharded_state(raw, optimizer)
+        mark = torch.tensor(list(bytes.fromhex(checkpoint_id)), dtype=torch.uint8)  # in this rank's own file
         try:
             with _alone_is_fine():
-                dcp.save({"model": weights, "optimizer": optim["state"]}, storage_writer=dcp.FileSystemWriter(folder))
+                dcp.save({"model": weights, "optimizer": optim["state"], ID: {str(rank): mark}},
+                         storage_writer=_ShardWriter(folder, checkpoint_id))
         except CheckpointException as e:  # a rank's failure, told to every rank: a full disk is an OSError
             raise next((f for f in failures(e) if isinstance(f, OSError)), e) from e
         hashed = _hash_share(folder)
@@ -314,8 +462,9 @@ def save_sharded_checkpoint(path: str | Path, model: nn.Module, optimizer: torch
             if tokenizer is not None:
                 tokenizer.save(tmp)
             if trainer_state is not None:
-                torch.save({**trainer_state, "optimizer": {"param_groups": optim["param_groups"]}}, tmp / TRAINER)
-            (tmp / META).write_text(json.dumps(meta or {}, indent=1) + "\n")
+                torch.save({**trainer_state, "optimizer": {"param_groups": optim["param_groups"]},
+                            ID: checkpoint_id}, tmp / TRAINER)
+            (tmp / META).write_text(json.dumps({**(meta or {}), ID: checkpoint_id}, indent=1) + "\n")
             write_manifest(tmp, hashed)
     return Path(path)
 
@@ -350,8 +499,13 @@ def load_sharded(ckpt: str | Path, model: nn.Module, optimizer: torch.optim.Opti
     now cover, so a checkpoint of 2 processes resumes at 1 or 4). param_groups: the trainer state's."""
     folder = Path(ckpt) / SHARDS
     reader = _ShardReader(folder)
-    reader.read_metadata()  # its checks first: a damaged or planted index is named, not blamed on the settings
+    # the index's checks first: a damaged or planted index is named, not blamed on the settings
+    stored = reader.read_metadata().state_dict_metadata
     weights, optim = sharded_state(model, optimizer)  # the optimizer's state made (zeros) to be read into
+    wanted = {f"model.{k}": t for k, t in weights.items()} | {
+        f"optimizer.{name}.{k}": t for name, moments in optim["state"].items() for k, t in moments.items()}
+    for key, t in wanted.items():
+        _check_entry(folder, key, stored.get(key), tuple(t.shape), "the model and optimizer being resumed")
     try:
         with _alone_is_fine():
             dcp.load({"model": weights, "optimizer": optim["state"]}, storage_reader=reader)
@@ -361,9 +515,10 @@ def load_sharded(ckpt: str | Path, model: nn.Module, optimizer: torch.optim.Opti
         set_state_dict(raw, optimizer, model_state_dict=weights,
                        optim_state_dict={"state": optim["state"], "param_groups": param_groups})
     except (CheckpointException, ValueError, KeyError) as e:
-        # (chained: a rank that is gone, inside torch's CheckpointException, is still seen as one by the caller)
-        raise CheckpointError(f"{folder} does not fit this model and optimizer ({_reason(e)}); resume with the "
-                              f"run's own settings, or from an earlier checkpoint") from e
+        # (chained: a rank that is gone, inside torch's CheckpointException, is still seen as one by the caller;
+        # the settings were compared with the checkpoint's before, so what fails here is the checkpoint)
+        raise CheckpointError(f"{folder} cannot be read ({_reason(e)}): it is damaged; move it out of "
+                              f"{CHECKPOINTS}/ to resume from the one before") from e
 
 
 def read_sharded_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
@@ -374,6 +529,7 @@ def read_sharded_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
         >>> state = read_sharded_state("runs/fsdp/checkpoints/step-000500")   # doctest: +SKIP
         >>> model = GPT.from_state(ModelConfig.load(".../config.json"), state)
     """
+    verify(ckpt)  # every file as the manifest lists it, and all of one checkpoint
     folder = Path(ckpt) / SHARDS
     cfg = ModelConfig.load(Path(ckpt) / CONFIG)
     reader = _ShardReader(folder)
@@ -386,16 +542,7 @@ def read_sharded_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
     for name, want in template.items():
         if cfg.tie_embeddings and name == "lm_head.weight":
             continue
-        md = stored.get(f"model.{name}")
-        if not isinstance(md, dcp_metadata.TensorStorageMetadata) or tuple(md.size) != tuple(want.shape):
-            found = tuple(md.size) if isinstance(md, dcp_metadata.TensorStorageMetadata) else "nothing"
-            raise CheckpointError(f"{folder}: {name} is {found}, but {CONFIG} needs {tuple(want.shape)}; the "
-                                  f"shards and the config belong to different models")
-        if not md.properties.dtype.is_floating_point:
-            raise CheckpointError(f"{folder}: {name} has dtype {md.properties.dtype}; weights must be floating point")
-        if sum(math.prod(c.sizes) for c in md.chunks) != want.numel():  # the ranks' pieces tile the whole tensor
-            raise CheckpointError(f"{folder}: the pieces of {name} do not make up the whole tensor; the index is "
-                                  f"damaged")
+        md = _check_entry(folder, f"model.{name}", stored.get(f"model.{name}"), tuple(want.shape), CONFIG)
         state[name] = torch.empty(md.size, dtype=md.properties.dtype)
     try:
         with _alone_is_fine():
@@ -406,16 +553,43 @@ def read_sharded_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _check_entry(folder: Path, key: str, md: object, shape: tuple, wanted_by: str
+                 ) -> dcp_metadata.TensorStorageMetadata:
+    """An index entry is a floating-point tensor of the shape `wanted_by` needs, whose pieces tile it whole
+    (each inside it): checked before anything is allocated or read."""
+    name = key.removeprefix("model.")
+    if not isinstance(md, dcp_metadata.TensorStorageMetadata) or tuple(md.size) != shape:
+        found = tuple(md.size) if isinstance(md, dcp_metadata.TensorStorageMetadata) else "nothing"
+        raise CheckpointError(f"{folder}: {name} is {found}, but {wanted_by} needs {shape}; the shards and "
+                              f"{CONFIG} belong to different models, or the index is damaged")
+    if not md.properties.dtype.is_floating_point:
+        raise CheckpointError(f"{folder}: {name} has dtype {md.properties.dtype}; weights must be floating point")
+    inside = all(len(c.offsets) == len(c.sizes) == len(shape) and all(
+        0 <= o and 0 <= n and o + n <= d for o, n, d in zip(c.offsets, c.sizes, shape)) for c in md.chunks)
+    if not inside or sum(math.prod(c.sizes) for c in md.chunks) != math.prod(shape):
+        raise CheckpointError(f"{folder}: the pieces of {name} do not make up the whole tensor; the index is "
+                              f"damaged")
+    return md
+
+
 def failures(e: CheckpointException) -> list[BaseException]:
     """The exceptions of the ranks that failed, which torch.distributed.checkpoint gathers into one."""
     return [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
 
 
 def _reason(e: BaseException) -> str:
-    """The first line of what went wrong (inside torch's CheckpointException: the first failed rank's)."""
+    """The first line of what went wrong (inside torch's CheckpointException: the first failed rank's), without
+    torch's advice on loading the file with weights_only=False (which would let a damaged or planted file run
+    code): what its safe reader met instead."""
     if isinstance(e, CheckpointException) and failures(e):
         e = failures(e)[0]
-    return ((str(e).strip().splitlines() or [type(e).__name__])[0] or type(e).__name__)[:160]
+    text = str(e).strip()
+    if text.startswith("Weights only load failed"):
+        found = re.search(r"WeightsUnpickler error:\s*(\S.*)", text) or re.search(r"load failed\. (?!In PyTorch)(\S.*)",
+                                                                               text)
+        return f"not tensors torch reads safely: {found.group(1).strip()[:120] if found else 'an unknown record'}"
+    first = (text.splitlines() or [""])[0] or type(e).__name__
+    return re.split(r"(?<=\w)\. (?=[A-Z])", first)[0][:160]  # its first sentence (torch's go on with advice)
 
 
 @contextlib.contextmanager
@@ -464,6 +638,17 @@ class _ShardReader(dcp.FileSystemReader):
             raise CheckpointError(f"{self.path}: a request reads an entry as bytes, which torch would unpickle; "
                                   f"lumen's shards hold tensors only")
         return super().read_data(plan, planner)
+
+
+class _ShardWriter(dcp.FileSystemWriter):
+    """torch.distributed.checkpoint's writer, whose index records the checkpoint's id (as its save id)."""
+
+    def __init__(self, path: Path, checkpoint_id: str):
+        super().__init__(path)
+        self.lumen_id = checkpoint_id
+
+    def storage_meta(self) -> dcp_metadata.StorageMeta:
+        return dcp_metadata.StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.lumen_id)
 
 
 class _IndexUnpickler(pickle.Unpickler):

@@ -329,7 +329,7 @@ class Trainer:
         distributed.barrier(self.dist)  # rank 0 tidied half-written checkpoints before anyone reads
         start = self.run_dir.resume_point(say=self.dist.main) if resume else None
         if start is not None:
-            state = resume_from(start, self.raw, self.opt, self.model_cfg, self.device)
+            state = resume_from(start, self.raw, self.opt, self.cfg, self.model_cfg, self.device)
             self.step, self.tokens, self.best = state["step"], state["tokens"], state["best"]
             self.gen.set_state(state["data_generator"])
             if state["world"] == self.dist.world:
@@ -337,8 +337,10 @@ class Trainer:
             self.history = self.run_dir.history(upto=self.step)
             if self.talks:
                 print(f"lumen train: resuming from {start} (step {self.step})", file=sys.stderr)
-        elif resume and self.talks:
-            print(f"lumen train: no checkpoint in {self.path} yet; starting from step 0", file=sys.stderr)
+        elif resume:
+            self.run_dir.check_same_run(self.cfg, self.model_cfg)  # nothing of another run is overwritten
+            if self.talks:
+                print(f"lumen train: no checkpoint in {self.path} yet; starting from step 0", file=sys.stderr)
         if self.writes and self.step < self.cfg.steps:
             self.run_dir.start(self.cfg, self.model_cfg, self.tokenizer, self.history)
 

@@ -31,7 +31,7 @@ from ..files import atomic_dir, check_writable, read_json, write_text
 from ..formats import checkpoint as ckpt
 from ..model import GPT
 from ..tokenizers import Tokenizer
-from .config import TrainConfig, to_toml
+from .config import TrainConfig, load_config, to_toml
 from .optim import Optimizer
 from .result import TrainResult, from_summary
 
@@ -53,8 +53,12 @@ class RunDir:
             raise ConfigError(f"out_dir {self.path} is a file, not a folder; set out_dir to a new folder")
         check_writable(self.path, "out_dir", error=ConfigError)
         for name in RUN_FILES:
-            if (self.path / name).is_dir():
+            kind = ckpt.file_kind(self.path / name)
+            if kind == "a folder":
                 raise ConfigError(f"out_dir {self.path}: {self.path / name} is a folder where the run writes its "
+                                  f"{name}; move it away or set out_dir to another folder")
+            if kind not in (None, "missing"):  # (a FIFO, opened, would wait for a writer forever)
+                raise ConfigError(f"out_dir {self.path}: {self.path / name} is {kind} where the run keeps its "
                                   f"{name}; move it away or set out_dir to another folder")
         if (self.path / ckpt.CHECKPOINTS).exists() and not (self.path / ckpt.CHECKPOINTS).is_dir():
             raise ConfigError(f"out_dir {self.path}: {self.path / ckpt.CHECKPOINTS} is a file where the run keeps "
@@ -66,6 +70,23 @@ class RunDir:
                 f"{self.path} already holds checkpoints ({newest.name}); continue it with --resume "
                 f"or train into another directory (--set out_dir=...)"
             )
+        if not resume and (self.path / METRICS).exists():
+            raise UserError(f"{self.path} already holds a run ({METRICS}, config.toml) stopped before its first "
+                            f"checkpoint; start it again with --resume (its own settings only) or train into another "
+                            f"directory (--set out_dir=...)")
+
+    def check_same_run(self, cfg: TrainConfig, model_cfg: ModelConfig) -> None:
+        """--resume where no checkpoint was written yet: the run this folder records (config.toml) is the one
+        asked for, or nothing of it is overwritten."""
+        recorded = self.path / "config.toml"
+        if not (self.path / METRICS).exists() or not recorded.exists():
+            return
+        try:
+            saved, saved_model = load_config(recorded)
+        except LumenError as e:
+            raise ConfigError(f"{self.path} holds a run whose settings cannot be read ({e}), so it cannot be told "
+                              f"from this one; train into another directory (--set out_dir=...)") from None
+        same_run(self.path, saved.to_dict(), saved_model.to_dict(), cfg, model_cfg)
 
     def tidy(self) -> None:
         """After a crash: drop half-written checkpoints; put back one that was being replaced."""
@@ -190,28 +211,86 @@ class RunDir:
         plot_losses(history, self.path / "loss.png", title=title)
 
 
-def resume_from(path: Path, model: GPT, opt: Optimizer, model_cfg: ModelConfig,
+# The settings that may change from one session of a run to the next: where and how fast it runs, what it
+# reports and keeps. Every other setting defines the run (its data, its model, each step it takes), and --resume
+# continues a run only with its own.
+SESSION_KEYS = frozenset({"device", "compile", "threads", "parallel", "out_dir", "log_interval", "eval_interval",
+                          "eval_windows", "sample_tokens", "sample_prompt", "temperature", "save", "keep_last",
+                          "progress", "max_time"})
+
+
+def differences(saved: dict, now: dict, ignore: frozenset[str] = SESSION_KEYS) -> list[str]:
+    """The settings that define a run where the run's (saved) and the asked-for (now) differ, as
+    `key = saved (now: value)`. A run sized by time (time_budget) chose its step count as it started and
+    recorded it with the budget spent (0): asked for again with a budget, that count is the run's own."""
+    if (now.get("time_budget") or 0) > 0 and saved.get("time_budget") == 0:
+        ignore = ignore | {"steps", "time_budget"}
+    return [f"{k} = {_plain(saved[k])!r} (now: {_plain(now[k])!r})" for k in now
+            if k in saved and k not in ignore and _plain(saved[k]) != _plain(now[k])]
+
+
+def _plain(value: object) -> object:
+    """A setting as JSON holds it (a tuple is a list), for comparing one read back with one given."""
+    return json.loads(json.dumps(value))
+
+
+def same_run(where: Path, saved: dict, saved_model: dict, cfg: TrainConfig, model_cfg: ModelConfig) -> None:
+    """The run recorded at `where` (its settings and model config) is the run asked for, else UserError naming
+    the differences. (vocab_size is the tokenizer's, which the settings name.)"""
+    model = differences(saved_model, model_cfg.to_dict(), frozenset({"vocab_size"}))
+    if model:
+        raise UserError(f"{where} was trained with another model config ({'; '.join(model[:4])}); resume with the "
+                        f"same [model] settings, or train into another directory (--set out_dir=...)")
+    changed = differences(saved, cfg.to_dict())
+    if changed:
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        raise UserError(f"{where} was trained with other settings ({'; '.join(changed[:4])}{more}): --resume "
+                        f"continues a run with its own settings only; give those, or train into another directory "
+                        f"(--set out_dir=...)")
+
+
+def resume_from(path: Path, model: GPT, opt: Optimizer, cfg: TrainConfig, model_cfg: ModelConfig,
                 device: torch.device) -> dict:
-    """Put a checkpoint's weights into the model being trained and its state into the optimizer; return the
-    rest of the trainer state. A whole-weights checkpoint is read as every format is (checked by
-    GPT.from_state); a sharded one by load_sharded, at any number of processes (every rank calls this)."""
+    """Put a checkpoint's weights into the model being trained and its state into the optimizer, once the run's
+    settings are found to be the ones asked for; return the rest of the trainer state. A whole-weights
+    checkpoint is read as every format is (checked by GPT.from_state); a sharded one by load_sharded, at any
+    number of processes (every rank calls this)."""
     state = ckpt.load_trainer_state(path)
+    try:
+        saved = json.loads(state["train_config"])
+    except ValueError:
+        saved = None
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path / ckpt.TRAINER}: the settings it records are damaged; resume from an "
+                              f"earlier checkpoint")
+    saved_model = ModelConfig.load(path / ckpt.CONFIG)
+    same_run(path.parent.parent, saved, saved_model.to_dict(), cfg, model_cfg)
+    if saved_model.vocab_size != model_cfg.vocab_size:  # the same settings, but the corpus's text has changed
+        raise UserError(f"{path} was trained with a tokenizer of {saved_model.vocab_size} tokens, this run's has "
+                        f"{model_cfg.vocab_size} (its corpus changed?); resume with the run's own corpus, or train "
+                        f"into another directory (--set out_dir=...)")
+    groups = _group_kinds(opt)
     if ckpt.is_sharded(path):
         if not isinstance(opt, torch.optim.Optimizer):  # (TrainConfig refuses Muon with FSDP)
             raise ConfigError(f"{path} is a sharded checkpoint of an AdamW run; resume it with optimizer = \"adamw\"")
-        if ModelConfig.load(path / ckpt.CONFIG) != model_cfg:
-            raise UserError(f"{path} was trained with another model config; resume with the same [model] settings")
         ckpt.load_sharded(path, model, opt, state["optimizer"].get("param_groups", []))
-        return state
-    if isinstance(model, FSDPModule):
-        raise UserError(f"{path} holds whole weights (a parallel = \"ddp\" run); resume it with parallel = \"ddp\" "
-                        f"(a sharded checkpoint resumes either way)")
-    weights = ckpt.read_run(path)
-    if weights.cfg != model_cfg:
-        raise UserError(f"{path} was trained with another model config; resume with the same [model] settings")
-    model.load_state_dict(GPT.from_state(weights.cfg, weights.state, weights.source, device).state_dict())
-    try:
-        opt.load_state_dict(state["optimizer"])
-    except (ValueError, KeyError, RuntimeError) as e:
-        raise CheckpointError(f"{path / ckpt.TRAINER}: its optimizer state does not fit this model ({e})") from None
+    else:
+        if isinstance(model, FSDPModule):
+            raise UserError(f"{path} holds whole weights (a parallel = \"ddp\" run); resume it with parallel = "
+                            f"\"ddp\" (a sharded checkpoint resumes either way)")
+        weights = ckpt.read_run(path)
+        model.load_state_dict(GPT.from_state(weights.cfg, weights.state, weights.source, device).state_dict())
+        try:
+            opt.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"{path / ckpt.TRAINER}: its optimizer state does not fit this model ({e})") from None
+    if _group_kinds(opt) != groups:  # a damaged trainer.pt can drop a setting AdamW's step reads (KeyError: 'eps')
+        raise CheckpointError(f"{path / ckpt.TRAINER}: its optimizer settings are damaged (not those of this run's "
+                              f"optimizer); resume from an earlier checkpoint")
     return state
+
+
+def _group_kinds(opt: Optimizer) -> list[dict[str, str]]:
+    """The optimizer's groups as the names and kinds of their settings (a number, a tuple, ...)."""
+    return [{k: "number" if isinstance(v, (int, float)) and not isinstance(v, bool) else type(v).__name__
+             for k, v in g.items()} for g in opt.param_groups]
