@@ -18,21 +18,16 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "speed"
-FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "avx512_vnni", "avx512_bf16", "avx512f", "avx_vnni", "avx2")
 
 
 def machine() -> dict[str, Any]:
     """The CPU's model, core count and kernel-deciding flags; Python's and torch's versions."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    field = {}
-    for line in info.splitlines():
-        key, _, value = line.partition(":")
-        field.setdefault(key.strip(), value.strip())
-    flags = set(field.get("flags", "").split())
     import torch
 
-    return {"cpu": field.get("model name", platform.processor() or platform.machine()), "cores": os.cpu_count(),
-            "flags": [f for f in FLAGS if f in flags], "amx": any(f.startswith("amx") for f in flags),
+    from lumen import cpu
+
+    return {"cpu": cpu.name(), "arch": cpu.arch(), "cores": os.cpu_count(), "flags": cpu.kernel_flags(),
+            "amx": cpu.has("amx_tile"),
             "python": platform.python_version(), "torch": torch.__version__}
 
 

@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import cpu
 from ..fetch import cache_dir
 from ..files import atomic_path
 from ..formats import Loaded, build, read
@@ -79,10 +80,9 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
 def cpu_flags() -> str:
-    """The CPU's instruction-set flags (Linux's /proc/cpuinfo; the processor's name elsewhere): what code built
-    with -march=native follows from."""
-    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
-    return next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
+    """The CPU's name and its own instruction-set flags (lumen.cpu): what code built with -march=native
+    follows from (a cache key)."""
+    return f"{cpu.name()} {cpu.arch()} {' '.join(sorted(cpu.machine_flags()))}"
 
 
 def _load_kernels(sources: tuple[Path, ...] = SOURCES) -> bool:
