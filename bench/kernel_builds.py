@@ -8,7 +8,7 @@ scheduler's share as much as the kernel; the CPU time of one thread measures the
 
     .venv/bin/python bench/kernel_builds.py [--base COMMIT] [--march x86-64-v3] [--threads 1,2] [--rounds 5]
 
-Results go to docs/speed/kernel_builds.json (named with the machine and its flags). Not a test.
+Results go to docs/speed/kernel_builds@KIND.json (named with the machine and its flags). Not a test.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
     .venv/bin/python bench/speed_doc.py [--page docs/speed.md] [--results docs/speed]   # `make bench` runs it last
 
 The page's prose is written by hand; each measured section sits between two markers,
-`<!-- measured: NAME -->` and `<!-- end: NAME -->`, and is rewritten from docs/speed/NAME.json (a bench that
-never ran here leaves a line saying which command fills it). Every table names its machine, the load average
+`<!-- measured: NAME -->` and `<!-- end: NAME -->`, and is rewritten from docs/speed/NAME@KIND.json: one table
+per kind of machine measured (AMX, AVX-512, AVX2-only, ARM64: results.KINDS); a bench that never ran leaves a
+line saying which command fills it. Every table names its machine, the load average
 before and after, the date and the command. Not a test.
 """
 
@@ -17,16 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from results import RESULTS, read
+from results import KINDS, RESULTS, kind, read_all
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "speed.md"
 
 
 def provenance(r: dict[str, Any]) -> str:
     m = r["machine"]
-    flags = ", ".join(m["flags"]) or "none of the AVX-512/AMX flags"
+    flags = ", ".join(m["flags"]) or "none of the flags that choose kernels"
     amx = "AMX" if m["amx"] else "no AMX"
-    return (f"Measured {r['date']} by `{r['command']}` on a {m['cores']}-core {m['cpu']} ({flags}; {amx}), "
+    return (f"Measured {r['date']} by `{r['command']}` on a {m['cores']}-core {m['cpu']} "
+            f"({m.get('arch', 'x86_64')}: {flags}; {amx}; kind: {KINDS[kind(m)]}), "
             f"torch {m['torch']}; load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after.")
 
 
@@ -215,9 +217,11 @@ def render(page: str, where: Path = RESULTS) -> str:
     """The page with every measured section rewritten from its results."""
     def section(m: re.Match) -> str:
         name = m.group(1)
-        r = read(name, where)
-        body = (f"Not measured on this machine yet: run {COMMAND[name]}." if r is None
-                else RENDER[name](r) + "\n\n" + provenance(r))
+        found = read_all(name, where)
+        # one table per kind of machine measured, each headed by the kind when there are several
+        body = (f"Not measured on this machine yet: run {COMMAND[name]}." if not found else "\n\n".join(
+            (f"**{KINDS[kind(r['machine'])]}:**\n\n" if len(found) > 1 else "") + RENDER[name](r) + "\n\n"
+            + provenance(r) for r in found))
         return f"<!-- measured: {name} -->\n{body}\n<!-- end: {name} -->"
 
     return re.sub(r"<!-- measured: (\w+) -->.*?<!-- end: \1 -->", section, page, flags=re.S)
