@@ -81,6 +81,20 @@ def profile(r: dict[str, Any]) -> str:
             "the unprofiled time is the builds a user runs.\n\n" + "\n".join(lines))
 
 
+def kernel_builds(r: dict[str, Any]) -> str:
+    rows = [[str(x["threads"]), f"`-march={x['march']}`", f"{x['base_token_ms']:.1f} / {x['base_cpu_ms']:.1f}",
+             f"{x['this_token_ms']:.1f} / {x['this_cpu_ms']:.1f}",
+             f"**{x['speedup_token']:.2f}x** / **{x['speedup_cpu']:.2f}x**", f"{x['load']:.1f}"] for x in r["products"]]
+    base = r["products"][0]["base_commit"]
+    return ("quant.cpp's one-row products for one SmolLM2-135M token (its matrices' shapes and kinds, random "
+            f"blocks), two builds for the same instruction set side by side: commit {base}'s (the AVX2 path "
+            "reading one row and one block at a time) and this tree's (four rows, two blocks at a time), each in a "
+            "process of its own, taking turns; the best round of each. Wall time, and the CPU time the process "
+            "used (on a busy machine one thread's wall time is mostly the scheduler's share).\n\n"
+            + table(["threads", "built for", "before: ms wall / CPU", "now: ms wall / CPU", "speedup wall / CPU",
+                     "load"], rows))
+
+
 def rounds(n: int, what: str = "round") -> str:
     return f"one {what}" if n == 1 else f"{n} {what}s"
 
@@ -203,9 +217,10 @@ def speedrun(r: dict[str, Any]) -> str:
 
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "llamacpp": llamacpp, "profile": profile, "smollm2": smollm2, "train": train, "contention": contention,
-    "nanogpt": nanogpt, "speedrun": speedrun}
+    "nanogpt": nanogpt, "speedrun": speedrun, "kernel_builds": kernel_builds}
 SCRIPT = {"llamacpp": "bench_llamacpp.py", "profile": "profile_decode.py", "smollm2": "bench_smollm2.py",
-          "train": "bench_train.py", "contention": "bench_contention.py", "speedrun": "speedrun.py"}
+          "train": "bench_train.py", "contention": "bench_contention.py", "speedrun": "speedrun.py",
+          "kernel_builds": "kernel_builds.py"}
 # what fills a section that never ran here
 COMMAND = {name: f"`.venv/bin/python bench/{script}`" for name, script in SCRIPT.items()} | {
     "nanogpt": ("the three steps in bench/vs_nanogpt.py's docstring (clone nanoGPT, export lumen's split, train "
