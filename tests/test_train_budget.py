@@ -23,18 +23,23 @@ def test_the_count_is_the_time_left_over_the_measured_step():
     times = [5.0, 1.0, 1.0] + [0.25 + 0.01 * (i % 3) for i in range(40)]  # compiles, warms, then steady
     answers = iter(b.record(t) for t in times)  # recorded until the first answer
     n, per_step = next((i, a) for i, a in enumerate(answers, 1) if a is not None)
-    assert n == B.SKIP + B.TIMED  # (12 steady steps take under 20 s)
+    assert n == B.SKIP + B.TIMED  # (12 steady steps take under a minute)
     steady = sorted(times[B.SKIP:n])
     assert per_step == steady[len(steady) // 2] if len(steady) % 2 else per_step == sum(steady[5:7]) / 2
-    left = 60.0 - sum(times[:n])
+    left = 60.0 - sum(times[B.SKIP:n])  # (compiling is not the budget's)
     assert b.steps(per_step) == 10 * round((n + left / per_step) / 10)
     assert B.StepBudget(1.0, warmup=50).steps(10.0) == 60  # no time left: the warm-up and ten more, in tens
 
 
 def test_slow_steps_are_timed_for_fewer_steps_and_within_warmup():
-    b = B.StepBudget(300.0, warmup=8)
-    got = [b.record(9.0) for _ in range(8)]
-    assert got[: B.SKIP + 2] == [None] * (B.SKIP + 2) and got[B.SKIP + 2] == 9.0  # 20 s of steps: three
+    b = B.StepBudget(300.0, warmup=50)
+    got = [b.record(15.0) for _ in range(20)]
+    first = B.SKIP + B.MIN_TIMED - 1  # a minute of steps, but no fewer than MIN_TIMED
+    assert got[:first] == [None] * first and got[first] == 15.0
+    b = B.StepBudget(300.0, warmup=50)  # a step that compiles again (another thread count) does not set the pace
+    got = [b.record(t) for t in [90.0] * B.SKIP + [1.0, 1.0, 120.0, 1.0, 1.1, 0.9] + [1.0] * 10]
+    first = next(i for i, a in enumerate(got) if a is not None)
+    assert first == B.SKIP + B.MIN_TIMED - 1 and got[first] == 1.0  # (a minute passed: five steps, their median)
     b = B.StepBudget(300.0, warmup=B.MIN_WARMUP)
     got = [b.record(0.001) for _ in range(B.MIN_WARMUP)]
     assert got.index(0.001) == B.MIN_WARMUP - 2  # the last step inside the warm-up ends the timing
