@@ -13,7 +13,7 @@ cores, where the cores we could get are the larger of the cores left idle (cores
 (cores / (N + 1)). Goals: >= 0.8x the fair share at every N;
 >= 0.4x quiet with two busy processes on two cores. The machine's load average is printed with each round:
 on a shared machine "quiet" is only as quiet as the others let it be. The results go to
-docs/speed/contention.json (bench/results.py), which bench/speed_doc.py renders into docs/speed.md. Not a test.
+docs/speed/contention@KIND.json (bench/results.py), which bench/speed_doc.py renders into docs/speed.md. Not a test.
 """
 
 from __future__ import annotations

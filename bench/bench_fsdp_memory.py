@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -127,10 +126,10 @@ def run_setting(parallel: str, n: int, args: argparse.Namespace, extra_env: dict
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor() or "unknown CPU")
+    from lumen import cpu
+
     mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-    return f"{cpu}, {os.cpu_count()} cores, {mem / 2**20:.0f} GiB"
+    return f"{cpu.name()} ({' '.join(cpu.kernel_flags())}), {os.cpu_count()} cores, {mem / 2**20:.0f} GiB"
 
 
 def table(rows: list[tuple[str, int, list[dict], list[dict]]]) -> str:

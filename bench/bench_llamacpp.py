@@ -13,7 +13,7 @@ by AOTInductor, its package built before the rounds so that they only load it, a
 eager), lumen float32 (dequantized, compiled). Each contender's max RSS is its process's peak while decoding
 (the kernel's count, rss.run_peak; lumen's own VmHWM before its long prompt; llama.cpp's in a decode-only
 run). Goals: lumen's block decoding
->= 1.5x llama.cpp's tokens/s at every thread count, max RSS <= 2x. The results go to docs/speed/llamacpp.json
+>= 1.5x llama.cpp's tokens/s at every thread count, max RSS <= 2x. The results go to docs/speed/llamacpp@KIND.json
 (bench/speed_doc.py renders them). Not a test.
 """
 

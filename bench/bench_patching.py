@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 from collections.abc import Sequence
@@ -120,16 +119,11 @@ def timed(fn, repeats: int):
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from lumen import cpu
+
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"{cpu}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, load average {load}, "
+    return (f"{cpu.name()} ({' '.join(cpu.kernel_flags())}), {os.cpu_count()} CPUs, "
+            f"{torch.get_num_threads()} torch threads, load average {load}, "
             f"torch {torch.__version__}")
 
 

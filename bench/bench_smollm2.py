@@ -11,7 +11,7 @@ for lumen eager and compiled, both through the speed wing's door as `lumen gener
 (`lumen.fast.decoding(model, compile)`: its step for the prefill, its generate for decoding; the time to compile
 is printed, not counted), and the ratios lumen/HF, by wall time and by CPU time; the goals
 are decode >= 2x HF fp32, bf16 weights >= 3x HF fp32, prefill >= 1.2x.
-The results go to docs/speed/smollm2.json (bench/results.py), which bench/speed_doc.py renders into
+The results go to docs/speed/smollm2@KIND.json (bench/results.py), which bench/speed_doc.py renders into
 docs/speed.md. Timings are medians over --repeats rounds that take lumen eager, lumen compiled and HF in turn
 (the machine may be shared: run it twice). On a machine shared by more busy processes than cores,
 --threads 1 gives steadier numbers: a multi-threaded op then waits for a second core to be scheduled.

@@ -12,7 +12,7 @@ the matmul peak measured in that subprocess in that dtype, and the peak memory o
 weights and optimizer state (activations, gradients, temporaries: from the profiler's record of every
 allocation on CPU, max_memory_allocated on CUDA). lumen's step is its training loop's (lumen.train.loop: the
 same compile options, settings and attention path); HF's is torch.compile's defaults. Goals: bf16 >= 1.5x
-the best HF setting, fp32 no slower than HF, peak memory no higher. The results go to docs/speed/train.json
+the best HF setting, fp32 no slower than HF, peak memory no higher. The results go to docs/speed/train@KIND.json
 (bench/results.py), which bench/speed_doc.py renders into docs/speed.md. Not a test.
 """
 

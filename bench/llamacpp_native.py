@@ -27,9 +27,10 @@ def cache() -> Path:
 
 
 def cpu_flags() -> str:
-    """The CPU's flags line (what -march=native builds for)."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("flags")), "")
+    """The CPU's own flags (what -march=native builds for)."""
+    from lumen import cpu
+
+    return " ".join(sorted(cpu.machine_flags()))
 
 
 def llama_bench(quiet: bool = False) -> Path | None:

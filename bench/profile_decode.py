@@ -10,7 +10,7 @@ lookup), the compiled graph's Python wrapper, and what is left of the wall time 
 the AOTInductor step, its C++ wrapper too, and the cost of recording its kernels). Shares are of the profiled
 wall time, from builds that record each kernel as an event: they run slower (the AOT step by about half, shown
 as "rest"). The unprofiled time per token comes from the builds a user runs, the best of three rounds, the two
-steps taking turns in each. Results go to docs/speed/profile.json. Not a test.
+steps taking turns in each. Results go to docs/speed/profile@KIND.json. Not a test.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
     .venv/bin/python bench/speed_doc.py [--page docs/speed.md] [--results docs/speed]   # `make bench` runs it last
 
 The page's prose is written by hand; each measured section sits between two markers,
-`<!-- measured: NAME -->` and `<!-- end: NAME -->`, and is rewritten from docs/speed/NAME.json (a bench that
-never ran here leaves a line saying which command fills it). Every table names its machine, the load average
+`<!-- measured: NAME -->` and `<!-- end: NAME -->`, and is rewritten from docs/speed/NAME@KIND.json: one table
+per kind of machine measured (AMX, AVX-512, AVX2-only, ARM64: results.KINDS); a bench that never ran leaves a
+line saying which command fills it. Every table names its machine, the load average
 before and after, the date and the command. Not a test.
 """
 
@@ -17,16 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from results import RESULTS, read
+from results import KINDS, RESULTS, kind, read_all
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "speed.md"
 
 
 def provenance(r: dict[str, Any]) -> str:
     m = r["machine"]
-    flags = ", ".join(m["flags"]) or "none of the AVX-512/AMX flags"
+    flags = ", ".join(m["flags"]) or "none of the flags that choose kernels"
     amx = "AMX" if m["amx"] else "no AMX"
-    return (f"Measured {r['date']} by `{r['command']}` on a {m['cores']}-core {m['cpu']} ({flags}; {amx}), "
+    return (f"Measured {r['date']} by `{r['command']}` on a {m['cores']}-core {m['cpu']} "
+            f"({m.get('arch', 'x86_64')}: {flags}; {amx}; kind: {KINDS[kind(m)]}), "
             f"torch {m['torch']}; load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after.")
 
 
@@ -77,6 +79,20 @@ def profile(r: dict[str, Any]) -> str:
             "(the loop's Python; for AOTInductor, its C++ wrapper too). The parts come from builds that record "
             "each kernel as a profiler event, which run slower (for AOTInductor, the rest is mostly that cost); "
             "the unprofiled time is the builds a user runs.\n\n" + "\n".join(lines))
+
+
+def kernel_builds(r: dict[str, Any]) -> str:
+    rows = [[str(x["threads"]), f"`-march={x['march']}`", f"{x['base_token_ms']:.1f} / {x['base_cpu_ms']:.1f}",
+             f"{x['this_token_ms']:.1f} / {x['this_cpu_ms']:.1f}",
+             f"**{x['speedup_token']:.2f}x** / **{x['speedup_cpu']:.2f}x**", f"{x['load']:.1f}"] for x in r["products"]]
+    base = r["products"][0]["base_commit"]
+    return ("quant.cpp's one-row products for one SmolLM2-135M token (its matrices' shapes and kinds, random "
+            f"blocks), two builds for the same instruction set side by side: commit {base}'s (the AVX2 path "
+            "reading one row and one block at a time) and this tree's (four rows, two blocks at a time), each in a "
+            "process of its own, taking turns; the best round of each. Wall time, and the CPU time the process "
+            "used (on a busy machine one thread's wall time is mostly the scheduler's share).\n\n"
+            + table(["threads", "built for", "before: ms wall / CPU", "now: ms wall / CPU", "speedup wall / CPU",
+                     "load"], rows))
 
 
 def rounds(n: int, what: str = "round") -> str:
@@ -201,9 +217,10 @@ def speedrun(r: dict[str, Any]) -> str:
 
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "llamacpp": llamacpp, "profile": profile, "smollm2": smollm2, "train": train, "contention": contention,
-    "nanogpt": nanogpt, "speedrun": speedrun}
+    "nanogpt": nanogpt, "speedrun": speedrun, "kernel_builds": kernel_builds}
 SCRIPT = {"llamacpp": "bench_llamacpp.py", "profile": "profile_decode.py", "smollm2": "bench_smollm2.py",
-          "train": "bench_train.py", "contention": "bench_contention.py", "speedrun": "speedrun.py"}
+          "train": "bench_train.py", "contention": "bench_contention.py", "speedrun": "speedrun.py",
+          "kernel_builds": "kernel_builds.py"}
 # what fills a section that never ran here
 COMMAND = {name: f"`.venv/bin/python bench/{script}`" for name, script in SCRIPT.items()} | {
     "nanogpt": ("the three steps in bench/vs_nanogpt.py's docstring (clone nanoGPT, export lumen's split, train "
@@ -215,9 +232,11 @@ def render(page: str, where: Path = RESULTS) -> str:
     """The page with every measured section rewritten from its results."""
     def section(m: re.Match) -> str:
         name = m.group(1)
-        r = read(name, where)
-        body = (f"Not measured on this machine yet: run {COMMAND[name]}." if r is None
-                else RENDER[name](r) + "\n\n" + provenance(r))
+        found = read_all(name, where)
+        # one table per kind of machine measured, each headed by the kind when there are several
+        body = (f"Not measured on this machine yet: run {COMMAND[name]}." if not found else "\n\n".join(
+            (f"**{KINDS[kind(r['machine'])]}:**\n\n" if len(found) > 1 else "") + RENDER[name](r) + "\n\n"
+            + provenance(r) for r in found))
         return f"<!-- measured: {name} -->\n{body}\n<!-- end: {name} -->"
 
     return re.sub(r"<!-- measured: (\w+) -->.*?<!-- end: \1 -->", section, page, flags=re.S)

@@ -69,6 +69,8 @@ NOT_RUN = {
     "lumen.report.explore": "SmolLM2",
     "lumen.report.serve": "starts a server",
     "lumen.threads": "times real work",
+    "lumen.cpu": "its answers are this machine's CPU's",
+    "lumen.train.budget": "times a run's real steps",
     "lumen.report.figures": "a lens result",
     "lumen.report.html": "a lens result",
     "lumen.train.loop": "a training run takes minutes",

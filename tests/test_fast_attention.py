@@ -3,6 +3,7 @@ attention (and PyTorch's fused kernel) to float32 rounding, and the door puts th
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -118,3 +119,26 @@ def test_the_compiled_step_agrees_with_the_plain_model():
     ids = torch.randint(0, 65, (1, 6))
     want = model.generate(ids, 30, temperature=0)
     assert torch.equal(fast.generate(model, ids, 30, temperature=0, compile=True), want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", ["x86-64-v3", "native", "arm64"])
+def test_the_kernels_arithmetic_without_torch_on_each_instruction_set(build, tmp_path):
+    """attend.h (attend.cpp's arithmetic, no torch) built for x86-64 and for ARM64's NEON (run under emulation):
+    one query head group's attention over n slots is softmax attention computed in float64, to float32
+    rounding; n past and short of the vector widths (the scores' tail), hd not a multiple of 16."""
+    import struct
+    import subprocess
+
+    from helpers.cross import check_program
+
+    command = check_program("attend_check.cpp", build, tmp_path)
+    for group, hd, n in ((3, 64, 37), (1, 8, 5), (2, 24, 130)):
+        g = torch.Generator().manual_seed(n)
+        q, k, v = torch.randn(group, hd, generator=g), torch.randn(n, hd, generator=g), torch.randn(n, hd, generator=g)
+        problem = tmp_path / "problem"
+        problem.write_bytes(struct.pack("<3q", group, hd, n) + b"".join(t.numpy().tobytes() for t in (q, k, v)))
+        subprocess.run([*command, str(problem), str(tmp_path / "y")], check=True, timeout=120)
+        y = torch.from_numpy(np.fromfile(tmp_path / "y", dtype=np.float32)).reshape(group, hd)
+        want = torch.softmax(q.double() @ k.double().T / hd ** 0.5, -1) @ v.double()
+        torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1] / "code" / "lumen"
 # clearly) and the utilities every room shares: errors, atomic files, the progress bar, the thread count, the
 # heap's settings, torch.compile's options
 CORE = {"config", "block", "attention", "model", "decode", "names", "accounting", "errors", "files", "progress",
-        "threads", "heap", "compiling"}
+        "threads", "heap", "compiling", "cpu"}
 # the speed wing: nothing but the command line imports it (bench/ does too, from outside the package)
 WING = "fast"
 # what may be imported by each layer above the core (the core itself is open to everyone)

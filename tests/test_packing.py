@@ -13,9 +13,13 @@ from lumen import fast as wing
 from lumen.fast.packing import FastLinear, can_pack, fast_linears, packed, plain_linears, row_linear
 from lumen.model import GPT, plain_attention
 
-pytestmark = pytest.mark.skipif(
-    not can_pack(torch.nn.Linear(2, 2).to(torch.bfloat16)), reason="this PyTorch has no oneDNN packed linear"
-)
+pytestmark = pytest.mark.skipif(not can_pack(torch.nn.Linear(2, 2)), reason="this PyTorch has no oneDNN packed linear")
+# oneDNN's bf16 kernels raise on a CPU without them (an AVX2-only one): those tests need them, and say so
+needs_onednn_bf16 = pytest.mark.skipif(
+    not can_pack(torch.nn.Linear(2, 2).to(torch.bfloat16)),
+    reason="oneDNN's bf16 kernels need a CPU with avx512bw, avx512vl and avx512dq, or avx_ne_convert")
+# an AMD EPYC Zen 1's flags (AVX2 and FMA, no AVX-512): where the issue's bf16 decoding crashed
+ZEN1 = "fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt aes avx avx2 fma f16c bmi1 bmi2 sha_ni adx"
 
 
 def bf16_model(seed: int = 0) -> GPT:
@@ -23,6 +27,7 @@ def bf16_model(seed: int = 0) -> GPT:
     return GPT.from_preset("baby-llama", d_model=96, n_heads=6, n_kv_heads=2, d_ff=160).to(torch.bfloat16).eval()
 
 
+@needs_onednn_bf16
 def test_packed_logits_and_tokens_are_bit_identical():
     plain, fast = bf16_model(), bf16_model()
     before = {k: v.clone() for k, v in fast.state_dict().items()}
@@ -44,6 +49,7 @@ def test_packed_logits_and_tokens_are_bit_identical():
         assert n == 0  # no oneDNN kernel for float64
 
 
+@needs_onednn_bf16
 def test_packed_gpt2_with_biases():
     torch.manual_seed(1)
     plain = GPT.from_preset("baby-gpt", d_model=96, n_heads=6).to(torch.bfloat16).eval()
@@ -55,6 +61,7 @@ def test_packed_gpt2_with_biases():
         assert torch.equal(plain.generate(x[:, :4], 12, temperature=0), fast.generate(x[:, :4], 12, temperature=0))
 
 
+@needs_onednn_bf16
 def test_packed_linear_against_f_linear_on_odd_inputs():
     torch.manual_seed(4)
     layer = torch.nn.Linear(48, 80).to(torch.bfloat16)
@@ -154,3 +161,26 @@ def test_many_rows_in_float32_go_through_onednn(cpp_compiler, monkeypatch):
     y = layer(x)  # training: F.linear, with its gradient
     y.sum().backward()
     assert len(calls) == 2 and layer.weight.grad is not None
+
+
+def test_bf16_decoding_on_an_avx2_only_cpu_takes_the_plain_product(monkeypatch):
+    """On a CPU whose flags lack oneDNN's bf16 kernels, the door decodes a bf16 model without packing (where
+    oneDNN's reorder would raise, as it did on a Zen 1) and gives the plain path's tokens; a float32 model
+    still packs."""
+    monkeypatch.setenv("LUMEN_CPU_FLAGS", ZEN1)
+
+    def reorder_raises(self):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or "
+                           "avx512bw, avx512vl and avx512dq")
+
+    monkeypatch.setattr(FastLinear, "pack", reorder_raises)  # what oneDNN does on such a CPU
+    model = bf16_model(7)
+    assert not can_pack(model) and can_pack(torch.nn.Linear(2, 2))
+    x = torch.randint(0, 65, (1, 6))
+    with torch.inference_mode():
+        want = model.generate(x, 16, temperature=0)
+        assert torch.equal(wing.generate(model, x, 16, temperature=0), want)
+    assert not any(isinstance(m, FastLinear) for m in model.modules())
+    monkeypatch.setenv("LUMEN_CPU_FLAGS", ZEN1 + " avx512bw avx512vl avx512dq")
+    with pytest.raises(RuntimeError, match="bf16 path needs"):  # the same CPU with them would pack
+        wing.generate(model, x, 2, temperature=0)

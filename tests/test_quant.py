@@ -18,6 +18,8 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import quants  # noqa: E402
 
+from helpers.cross import BUILDS, check_program  # noqa: E402
+from lumen import cpu  # noqa: E402
 from lumen.fast.quant import Blocks, QuantEmbedding, QuantLinear  # noqa: E402
 from lumen.formats.gguf import stored_blocks  # noqa: E402
 
@@ -123,7 +125,7 @@ def test_kernels_at_every_count_of_rows_and_blocks(qtype, out, n, cpp_compiler):
 AVX2_ONLY = """
 import os, sys, torch
 from lumen.fast import quant
-quant.CFLAGS = ["-O3", "-march=x86-64-v3", "-fopenmp"]  # AVX2 and FMA, no AVX-512: the kernel's other path
+quant.CFLAGS = ["-O3", *sys.argv[2].split(), "-fopenmp"]  # AVX2 and FMA, no AVX-512: the kernel's other path
 assert quant.kernels()
 sys.path.insert(0, sys.argv[1])
 from test_quant import Q, blocks_from_gguf, quantized_tensor, rounded_reference
@@ -139,17 +141,21 @@ print("ok")
 """
 
 
-def test_the_kernels_avx2_path_on_the_same_quads(tmp_path, cpp_compiler):
-    """quant.cpp built for a CPU with AVX2 but no AVX-512 (the layout read one row and one block at a time) meets
-    the same float64 formula: built in a process of its own, into a cache of its own."""
-    if "avx2" not in Path("/proc/cpuinfo").read_text() or shutil.which("ninja") is None:
-        pytest.skip("needs an x86-64 CPU with AVX2, and ninja")
+@pytest.mark.parametrize("flags", ["-march=x86-64-v3", "-march=x86-64-v3 -mavxvnni"], ids=["avx2", "avx2+vnni"])
+def test_the_kernels_avx2_path_on_the_same_quads(tmp_path, cpp_compiler, flags):
+    """quant.cpp built for a CPU with AVX2 but no AVX-512 (four rows and two blocks at a time, in 256-bit
+    registers; byte products by pairs, as on a Zen 1, or by AVX-VNNI) meets the same float64 formula: built in a
+    process of its own, into a cache of its own."""
+    if not cpu.has("avx2", "fma") or shutil.which("ninja") is None:
+        pytest.skip("needs an x86-64 CPU with avx2 and fma, and ninja")
+    if "vnni" in flags and not cpu.has("avx_vnni"):
+        pytest.skip("the AVX-VNNI build needs a CPU with avx_vnni")
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "LUMEN_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-c", AVX2_ONLY, str(Path(__file__).parent)], env=env,
+    done = subprocess.run([sys.executable, "-c", AVX2_ONLY, str(Path(__file__).parent), flags], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
@@ -163,8 +169,8 @@ def test_products_equal_their_references(qtype, kernels, cpp_compiler, monkeypat
     formula where the kernel is not built."""
     from lumen.fast import quant
 
-    if kernels and "avx2" not in Path("/proc/cpuinfo").read_text():
-        pytest.skip("quant.cpp needs an x86-64 CPU with AVX2")
+    if kernels and not (cpu.has("avx2", "fma") or cpu.arch() == "aarch64"):
+        pytest.skip("quant.cpp needs an x86-64 CPU with avx2 and fma, or ARM64")
     if kernels and shutil.which("ninja") is None:
         pytest.skip("torch builds quant.cpp with ninja (apt-get install -y ninja-build)")
     assert quant.kernels() or not kernels  # where it can be built, it is (else decoding is ~2x slower)
@@ -440,3 +446,27 @@ def test_a_models_matrices_lie_in_one_stream_in_the_order_a_token_reads_them(tmp
     for a, b in zip(reads, reads[1:]):
         assert b.quads.untyped_storage().data_ptr() == stream.untyped_storage().data_ptr()
         assert b.quads.data_ptr() == a.quads.data_ptr() + a.quads.nbytes
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_quads_arithmetic_without_torch_on_each_instruction_set(build, tmp_path):
+    """quads.h (the block products' arithmetic, no torch) built for each instruction set, ARM64's NEON with and
+    without its dot-product instructions under emulation, multiplies lumen's own quads as the float64 formula
+    says (the x86 builds on this machine only where it has their instructions)."""
+    import struct
+    import subprocess
+
+    command = check_program("quads_check.cpp", build, tmp_path)
+    for qtype in (Q.Q4_1, Q.Q8_0):
+        for out, n in ((7, 96), (12, 64), (33, 544)):
+            tensor, reference = quantized_tensor(qtype, out, n, seed=out)
+            quads = blocks_from_gguf(tensor).quads
+            x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+            problem = tmp_path / "problem"
+            problem.write_bytes(struct.pack("<4q", int(qtype == Q.Q4_1), n, *quads.shape)
+                                + x.numpy().tobytes() + quads.numpy().tobytes())
+            subprocess.run([*command, str(problem), str(tmp_path / "y")], check=True, timeout=120)
+            y = torch.from_numpy(np.fromfile(tmp_path / "y", dtype=np.float32))[:out]
+            torch.testing.assert_close(y.double(), rounded_reference(x, tensor, reference), rtol=1e-5, atol=1e-4)

@@ -52,7 +52,7 @@ def smollm2_record(tmp_path: Path) -> Path:
                         "same_tokens": {"lumen": True, "lumen-compiled": True}, "compile_s": 61.0},
             "bfloat16": {"lumen": who(975.0, 27.9), "lumen-compiled": who(1031.0, 77.5), "hf": who(979.0, 25.0),
                          "same_tokens": {"lumen": True, "lumen-compiled": False}, "compile_s": 70.0}}
-    return tmp_path / "smollm2.json"
+    return rec.path
 
 
 def test_a_record_renders_its_own_numbers(tmp_path):
@@ -99,7 +99,7 @@ def test_train_and_contention_tables_are_their_json(tmp_path):
                                   {"busy": 2, "fair": 200.0, "fixed": 103.0, "tuned": 224.0}]}
     page = speed_doc.render(marked("train", "contention"), tmp_path)
 
-    train = json.loads((tmp_path / "train.json").read_text())
+    train = json.loads(next(tmp_path.glob("train@*.json")).read_text())
     body = rows(section(page, "train"))
     assert [r[0] for r in body] == ["fp32 eager", "bf16 autocast eager"]
     for r, dtype in zip(body, ("float32", "bfloat16")):
@@ -114,7 +114,7 @@ def test_train_and_contention_tables_are_their_json(tmp_path):
 
     body = rows(section(page, "contention"))
     assert [numbers(r[0])[0] for r in body] == [0, 1, 2] and "number of cores" in body[2][0]
-    for r, row in zip(body, json.loads((tmp_path / "contention.json").read_text())["decode"]["rows"]):
+    for r, row in zip(body, json.loads(next(tmp_path.glob("contention@*.json")).read_text())["decode"]["rows"]):
         assert numbers(r[1]) == [round(row["fixed"]), round(row["tuned"])]
         assert numbers(r[2]) == pytest.approx([row["tuned"] / 600.0, row["tuned"] / row["fair"]], abs=0.0051)
 
@@ -128,7 +128,7 @@ def test_the_speedrun_table_is_its_json(tmp_path):
                            ("AdamW", ["optimizer=adamw"], 2400, 281.6, 1.4521, None),
                            ("Muon", [], 2000, 290.2, 1.3987, 101.3)))]
     body = rows(section(speed_doc.render(marked("speedrun"), tmp_path), "speedrun"))
-    saved = json.loads((tmp_path / "speedrun.json").read_text())["rows"]
+    saved = json.loads(next(tmp_path.glob("speedrun@*.json")).read_text())["rows"]
     assert [r[1] for r in body] == ["AdamW", "Muon"] and body[0][2] == "`optimizer=adamw`"
     for r, x in zip(body, saved):
         assert numbers(r[3]) == [x["steps"]] and numbers(r[5]) == [round(x["seconds"])]
@@ -177,3 +177,22 @@ def test_the_real_page_has_every_bench_s_section():
     for name in speed_doc.RENDER:
         assert text.count(f"<!-- measured: {name} -->") == text.count(f"<!-- end: {name} -->") == 1
     assert "Earlier measurements" not in text  # history belongs to git
+
+
+def test_each_kind_of_machine_keeps_its_own_table(tmp_path, monkeypatch):
+    """A bench run on an AVX2-only machine and on an AMX one: two files, two tables, each with its CPU and flags."""
+    machines = {"avx2": {"cpu": "AMD EPYC 7551", "arch": "x86_64", "cores": 2, "flags": ["avx2", "fma"],
+                         "amx": False, "python": "3.11", "torch": "2.13.0"},
+                "amx": {"cpu": "Intel Xeon", "arch": "x86_64", "cores": 2, "amx": True, "python": "3.11",
+                        "torch": "2.13.0", "flags": ["amx_tile", "amx_int8", "avx512_vnni", "avx512f", "avx2"]}}
+    for name, m in machines.items():
+        monkeypatch.setattr(results, "machine", lambda m=m: dict(m))
+        with results.Record("speedrun", tmp_path) as rec:
+            rec.update(goal=1.40, milestone=1.50, budget=300.0)
+            rec["rows"] = [{"row": 0, "what": name, "sets": [], "steps": 10, "tokens": 20480, "seconds": 5.0,
+                            "nats_per_char": 2.0, "time_to_milestone": None}]
+        assert rec.path.name == f"speedrun@{name}.json"
+    text = section(speed_doc.render(marked("speedrun"), tmp_path), "speedrun")
+    amx, avx2 = text.index("**AVX-512 with AMX:**"), text.index("**AVX2 only (no AVX-512):**")
+    assert amx < avx2 and [r[1] for r in rows(text[:avx2])] == ["amx"] and [r[1] for r in rows(text[avx2:])] == ["avx2"]
+    assert "AMD EPYC 7551 (x86_64: avx2, fma; no AMX" in text[avx2:] and "Intel Xeon (x86_64: amx_tile" in text[:avx2]

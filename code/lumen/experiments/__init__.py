@@ -18,6 +18,7 @@ from types import ModuleType
 
 import torch
 
+from .. import cpu
 from ..errors import MissingFileError, UserError
 from ..files import write_text
 from ..progress import progress
@@ -90,15 +91,7 @@ def run_all(quick: bool = False, seed: int = 0, out: str | Path | None = None, n
 
 def machine() -> str:
     """One line describing where the numbers were measured."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {torch.get_num_threads()} torch threads, Python {platform.python_version()}, "
+    return (f"{cpu.name()}, {torch.get_num_threads()} torch threads, Python {platform.python_version()}, "
             f"torch {torch.__version__}")
 
 

@@ -30,15 +30,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import cpu
+
 # whether this PyTorch has oneDNN's packed linear: asked once, here (torch.compile cannot trace the question,
 # and a compiled prompt that asked it would break its graph and run eager)
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def can_pack(model: nn.Module) -> bool:
-    """True where packing pays: float32 or bf16 weights on a CPU whose PyTorch has oneDNN's packed linear."""
+    """True where packing pays: float32 or bf16 weights on a CPU whose PyTorch has oneDNN's packed linear;
+    bf16 only where the CPU runs oneDNN's bf16 kernels (cpu.onednn_bf16: elsewhere its reorder raises, and
+    F.linear's own bf16 product runs, giving the same tokens)."""
     p = next(model.parameters(), None)
-    return ONEDNN and p is not None and p.device.type == "cpu" and p.dtype in (torch.float32, torch.bfloat16)
+    if not ONEDNN or p is None or p.device.type != "cpu":
+        return False
+    return p.dtype == torch.float32 or (p.dtype == torch.bfloat16 and cpu.onednn_bf16())
 
 
 class FastLinear(nn.Linear):

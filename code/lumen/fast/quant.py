@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import cpu
 from ..fetch import cache_dir
 from ..files import atomic_path
 from ..formats import Loaded, build, read
@@ -63,36 +63,38 @@ _kernels: bool | None = None  # quant.cpp: not yet tried, built and loaded, or u
 
 def kernels() -> bool:
     """Whether quant.cpp's kernels (and attend.cpp's) are loaded: built the first time on this machine (g++ and
-    ninja, -march=native, x86-64 with AVX2; ~30 s) into the lumen cache, keyed by the sources, torch's version
-    and the CPU."""
+    ninja, -march=native: x86-64 with AVX2 and FMA, or ARM64 with NEON; ~30 s) into the lumen cache, keyed by
+    the sources, torch's version and the CPU."""
     global _kernels
     if _kernels is None:
         _kernels = _load_kernels()
     return _kernels
 
 
-# the block products, and one query's attention (attention.py): one library
+# the block products, and one query's attention (attention.py): one library; their arithmetic is the
+# headers' (no torch in them: a test also builds them for ARM64 and runs them under emulation)
 SOURCES = (Path(__file__).with_name("quant.cpp"), Path(__file__).with_name("attend.cpp"))
+HEADERS = (Path(__file__).with_name("quads.h"), Path(__file__).with_name("attend.h"))
 # OpenMP too: ATen's parallel_for is written in its headers as an OpenMP loop, so a kernel built without it
 # runs every row on one thread whatever torch.set_num_threads says
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
 def cpu_flags() -> str:
-    """The CPU's instruction-set flags (Linux's /proc/cpuinfo; the processor's name elsewhere): what code built
-    with -march=native follows from."""
-    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
-    return next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
+    """The CPU's name and its own instruction-set flags (lumen.cpu): what code built with -march=native
+    follows from (a cache key)."""
+    return f"{cpu.name()} {cpu.arch()} {' '.join(sorted(cpu.machine_flags()))}"
 
 
 def _load_kernels(sources: tuple[Path, ...] = SOURCES) -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if cpu.arch() not in ("x86_64", "aarch64"):
         return False
     if not (shutil.which("c++") or shutil.which("g++")) or not shutil.which("ninja"):  # what torch builds with
         print("lumen: no C++ compiler or ninja to build the block kernels (apt-get install g++ ninja-build); "
               "decoding from blocks uses torch's formula (the same arithmetic, slower)", file=sys.stderr)
         return False
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + " ".join(CFLAGS).encode()
+    headers = tuple(h for h in (sources[0].with_name(h.name) for h in HEADERS) if h.exists())  # (beside the sources)
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in sources + headers) + " ".join(CFLAGS).encode()
                          + torch.__version__.encode() + cpu_flags().encode()).hexdigest()[:16]
     lib = cache_dir() / "kernels" / f"lumen_quant-{key}.so"
     try:

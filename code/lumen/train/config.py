@@ -34,6 +34,7 @@ from ..errors import ConfigError, LumenError, MissingFileError
 from ..files import read_toml
 from ..threads import check_threads
 from ..tokenizers import Tokenizer
+from .budget import MIN_WARMUP
 from .optim import OPTIMIZERS, SCHEDULES
 
 if sys.version_info >= (3, 11):
@@ -59,6 +60,9 @@ class TrainConfig:
     val_fraction: float = 0.1  # when no documents are named (Shakespeare holds out five fixed works)
     # optimisation
     steps: int = 2000  # optimizer steps
+    # seconds of training to aim for: the first steps are timed and `steps` chosen (and written into the run's
+    # config, this set to 0) for about this long on this machine (train.budget); 0 = `steps` as given
+    time_budget: float = 0.0
     batch_size: int = 32  # windows per micro-batch, per process
     grad_accum: int = 1  # micro-batches per step, over all processes (a multiple of their number)
     optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: train.optim)
@@ -96,7 +100,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_types(self)
         for f in ("lr", "muon_lr", "decay", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "val_fraction",
-                  "temperature", "max_time"):
+                  "temperature", "max_time", "time_budget"):
             if not math.isfinite(getattr(self, f)):
                 raise ConfigError(f"{f} must be a finite number, got {getattr(self, f)}")
         positive = ("steps", "batch_size", "grad_accum", "log_interval", "eval_interval", "eval_windows", "vocab_size")
@@ -104,9 +108,13 @@ class TrainConfig:
             if getattr(self, f) <= 0:
                 raise ConfigError(f"{f} must be positive, got {getattr(self, f)}")
         for f in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup", "keep_last", "threads", "max_time",
-                  "sample_tokens", "temperature"):
+                  "time_budget", "sample_tokens", "temperature"):
             if getattr(self, f) < 0:
                 raise ConfigError(f"{f} must be >= 0, got {getattr(self, f)}")
+        if self.time_budget and self.warmup < MIN_WARMUP:
+            raise ConfigError(f"time_budget times the first steps while the learning rate warms up (so that the "
+                              f"chosen step count is the run's from its start): warmup must be at least "
+                              f"{MIN_WARMUP}, got {self.warmup} (or set time_budget = 0 and give steps)")
         if self.lr == 0:
             raise ConfigError("lr must be positive, got 0 (a run that cannot learn)")
         if self.lr * self.weight_decay >= 1:  # AdamW shrinks each matrix by (1 - lr weight_decay) per step
@@ -260,15 +268,16 @@ def _model_hints() -> dict[str, object]:
     return _hints(ModelConfig)
 
 
-# The built-in runs. "shakespeare" is the README's first command: a byte-level BPE (each token spells several
-# characters, so the model sees more text in the same minutes), a compiled step (at this small shape an eager
-# step is mostly per-operation overhead), Muon and a warm-up-stable-decay schedule. What it reaches, how fast,
-# and the record table of the changes that got it there: docs/speed.md (bench/speedrun.py).
+# The built-in runs. "shakespeare" is the README's first command, sized by time: about five minutes of training on
+# the machine that runs it (train.budget; `steps` is the count where the budget is set to 0). A byte-level BPE
+# (each token spells several characters, so the model sees more text in the same minutes), a compiled step (at
+# this small shape an eager step is mostly per-operation overhead), Muon and a warm-up-stable-decay schedule.
+# What it reaches, how fast, and the record table of the changes that got it there: docs/speed.md (bench/speedrun.py).
 PRESETS: dict[str, dict] = {
     "shakespeare": {
         "corpus": "shakespeare", "tokenizer": "bpe", "vocab_size": 4096, "out_dir": "runs/shakespeare",
-        "steps": 2200, "compile": True, "batch_size": 16, "optimizer": "muon", "muon_lr": 0.02, "lr": 3e-3,
-        "schedule": "wsd", "decay": 0.4, "min_lr": 3e-5, "warmup": 50, "beta2": 0.99,
+        "steps": 2200, "time_budget": 300, "compile": True, "batch_size": 16, "optimizer": "muon", "muon_lr": 0.02,
+        "lr": 3e-3, "schedule": "wsd", "decay": 0.4, "min_lr": 3e-5, "warmup": 50, "beta2": 0.99,
         "weight_decay": 0.1, "eval_interval": 550, "eval_windows": 200, "sample_tokens": 200,
         "model": {"preset": "baby-gpt", "n_layers": 4, "d_model": 128, "n_heads": 4, "context": 128},
     },
@@ -366,6 +375,9 @@ def load_config(
         raw, where = {}, "config"
     for s in sets or []:
         apply_set(raw, s)
+    named = {s.partition("=")[0].strip() for s in sets or []}
+    if "steps" in named and "time_budget" not in named:
+        raw["time_budget"] = 0  # steps given: the count asked for, not one chosen by time
     try:
         return from_dict(raw, where)
     except ConfigError as e:

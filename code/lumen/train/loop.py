@@ -13,6 +13,7 @@ The run directory and its checkpoints: rundir.py; the machine's settings: machin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -24,14 +25,16 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
+from .. import cpu
 from ..compiling import COMPILE_OPTIONS
 from ..config import ModelConfig
 from ..data import TokenData
 from ..decode import Sampling, stream
 from ..errors import ConfigError, TrainingError, UserError
 from ..model import GPT
-from ..threads import ThreadTuner
+from ..threads import ThreadTuner, cpu_count
 from . import distributed
+from .budget import StepBudget
 from .config import TrainConfig, check_memory
 from .machine import TrainingInterrupted, ctrl_c, resolve_device, run_settings, training_attention, use_bf16
 from .optim import clip_and_step, lr_at, make_optimizer, set_lr
@@ -135,9 +138,9 @@ class Trainer:
         self.t0 = time.perf_counter()  # when the run's clock read 0 (run() sets it)
 
     def run(self, resume: bool) -> TrainResult:
-        cfg = self.cfg
         if self.run_dir is not None:
-            self.open_run_dir(resume)
+            self.open_run_dir(resume)  # (a budgeted run resumed takes the step count it chose)
+        cfg = self.cfg
         if self.step >= cfg.steps:  # a finished run: nothing to train; report what it recorded
             return self.finished()
         peak = matmul_peak(self.device, torch.bfloat16 if self.bf16 else torch.float32)
@@ -153,6 +156,8 @@ class Trainer:
         self.t0 = t_start - max((r["time"] for r in self.history if isinstance(r.get("time"), (int, float))),
                                 default=0.0)
         tuner = ThreadTuner() if not cfg.threads and self.device.type == "cpu" else None  # threads = 0: measured
+        # time_budget: the first steps timed, then the step count chosen (while the rate still warms up)
+        budget = StepBudget(cfg.time_budget, cfg.warmup, self.step) if cfg.time_budget else None
         with ctrl_c() as interrupted:
             while self.step < cfg.steps:
                 t0 = time.perf_counter()
@@ -161,6 +166,12 @@ class Trainer:
                 speed.add(dt)
                 if tuner is not None:
                     tuner.record(dt)
+                per_step = budget.record(dt) if budget is not None else None
+                if budget is not None and per_step is not None:
+                    # every rank chooses from the same mean time, so all take the same steps
+                    per_step = distributed.mean(torch.tensor(per_step, dtype=torch.float64), self.dist).item()
+                    cfg = self.choose_steps(budget.steps(per_step), per_step)
+                    bar.total, budget = cfg.steps, None
                 if self.step % cfg.log_interval == 0 or self.step == cfg.steps:
                     rec = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": gnorm, "tokens": self.tokens,
                            **speed.window(), **({"threads": torch.get_num_threads()} if tuner else {})}
@@ -191,7 +202,25 @@ class Trainer:
                                                       bf16=self.bf16, device=str(self.device)))
         if self.talks:
             print(summary_line(result), file=sys.stderr)
+            print(f"lumen train: on {machine()}", file=sys.stderr)
         return result
+
+    def choose_steps(self, steps: int, per_step: float) -> TrainConfig:
+        """The run's step count chosen for its time budget (train.budget), the evaluations spread over it as
+        over the steps given; written into the run's config with the budget spent (a rerun takes these steps)."""
+        cfg = self.cfg
+        evaluations = max(1, round(cfg.steps / cfg.eval_interval))
+        self.cfg = dataclasses.replace(cfg, steps=steps, time_budget=0.0,
+                                       eval_interval=max(1, -(-steps // evaluations)))
+        if self.writes:
+            assert self.run_dir is not None  # writes implies cfg.save
+            self.run_dir.start(self.cfg, self.model_cfg, self.tokenizer, self.history)
+        if self.talks:
+            where = f"{self.path}/config.toml" if self.writes and self.path is not None else "this run only"
+            print(f"lumen train: {per_step:.3f} s a step on {machine()}: {steps:,} steps for about "
+                  f"{cfg.time_budget:.0f} s of training (time_budget = {cfg.time_budget:g}; the count written "
+                  f"into {where})", file=sys.stderr)
+        return self.cfg
 
     def train_step(self) -> tuple[float, float, float]:
         """One optimizer step over the global batch; returns (mean loss, lr, gradient norm)."""
@@ -330,6 +359,7 @@ class Trainer:
         start = self.run_dir.resume_point(say=self.dist.main) if resume else None
         if start is not None:
             state = resume_from(start, self.raw, self.opt, self.cfg, self.model_cfg, self.device)
+            self.adopt_chosen_steps(state)
             self.step, self.tokens, self.best = state["step"], state["tokens"], state["best"]
             self.gen.set_state(state["data_generator"])
             if state["world"] == self.dist.world:
@@ -343,6 +373,17 @@ class Trainer:
                 print(f"lumen train: no checkpoint in {self.path} yet; starting from step 0", file=sys.stderr)
         if self.writes and self.step < self.cfg.steps:
             self.run_dir.start(self.cfg, self.model_cfg, self.tokenizer, self.history)
+
+    def adopt_chosen_steps(self, state: dict) -> None:
+        """A budgeted run resumed: the step count it chose when it started (its checkpoint's config), so that it
+        ends where the run would have without the break."""
+        try:
+            saved = json.loads(state.get("train_config", "{}"))
+        except (TypeError, ValueError):
+            return
+        if self.cfg.time_budget and saved.get("time_budget") == 0 and isinstance(saved.get("steps"), int):
+            self.cfg = dataclasses.replace(self.cfg, steps=saved["steps"], time_budget=0.0,
+                                           eval_interval=saved.get("eval_interval", self.cfg.eval_interval))
 
     def finished(self) -> TrainResult:
         """A resumed run that has taken all its steps: what summary.json records, re-reported, not rewritten."""
@@ -375,3 +416,9 @@ class Trainer:
         keep = f"the last good checkpoint is {newest}" if newest else "no checkpoint was written yet"
         return (f"the {what} became {value} at step {step or self.step + 1}; training stopped and {keep}. "
                 f"Lower lr (now {self.cfg.lr}), raise warmup, or keep grad_clip on")
+
+
+def machine() -> str:
+    """The CPU a run trained on, its kernel-choosing flags and torch's threads (what a time depends on)."""
+    return (f"{cpu.name()} ({', '.join(cpu.kernel_flags()) or 'none of the flags lumen names'}), "
+            f"{cpu_count()} CPUs, {torch.get_num_threads()} torch threads")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .. import cpu
 from ..compiling import check_cpp_compiler
 from ..errors import ConfigError
 from ..heap import reuse_freed_buffers
@@ -48,7 +49,7 @@ def use_bf16(dtype: str, device: torch.device) -> bool:
         return dtype == "bfloat16"
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return cpu.native_bf16() and cpu.onednn_bf16() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 @contextlib.contextmanager

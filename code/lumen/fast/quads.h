@@ -1,0 +1,381 @@
+// lumen's block kernels, the arithmetic alone (no torch: quant.cpp wraps them for torch, and a test builds them
+// for ARM64 and runs them under emulation): x @ w.T for one float32 row x, computed from a GGUF matrix's own
+// blocks, four rows at a time (lumen/quant.py explains the blocks; it builds quant.cpp once per machine, with
+// -march=native: the instructions below are chosen as it builds, for the CPU it builds on).
+//
+// x is rounded to 8 bits per block of 32, as llama.cpp rounds it: xq = round(x / dx), dx = max|x| / 127.
+// A block's products are then integers, summed exactly, and scaled once (d and m are the file's float16):
+//
+//     Q8_0:  y_o = sum_b  d_ob dx_b (sum_j q_obj xq_bj)
+//     Q4_1:  y_o = sum_b  d_ob dx_b (sum_j q_obj xq_bj)  +  m_ob (sum_j x_bj)
+//
+// (the minimum multiplies the exact float sum of x). quant.py's `rounded_row_product` is the same formula
+// in torch: what runs where these do not build; the tests hold both to the formula in float64.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "lumen's block kernels need AVX2 and FMA on x86-64"
+#endif
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#else
+#error "lumen's block kernels are written for x86-64 (AVX2) and ARM64 (NEON)"
+#endif
+
+namespace lumen_quads {
+
+constexpr int64_t BLOCK = 32;
+// How far ahead a product asks for memory: a product reads each weight once, from memory, in one stream (see
+// the quads below), and the CPU's own prefetcher may not run far enough ahead of it to keep the memory busy
+// (far enough: the bytes that arrive during one memory latency; docs/speed.md has the distances measured).
+constexpr int64_t AHEAD_BYTES = 16384;
+
+#if defined(__x86_64__)
+inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
+// 32 products of unsigned and signed bytes, added four at a time into 8 integer sums
+inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else  // pairs into 16 bits (at most 2 x 128 x 127: no overflow), then pairs of those into 32
+  const __m256i pairs = _mm256_maddubs_epi16(u, s);
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
+}
+
+inline float sum8(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// the 8-bit x of each block, its step dx and its float sum (eight numbers at a time: the rounding is the
+// CPU's default, to nearest, as std::nearbyint's)
+struct RoundedRow {
+  std::vector<int8_t> q;
+  std::vector<float> step, sum;
+
+  RoundedRow(const float* x, int64_t n) : q(n + 128), step(n / BLOCK), sum(n / BLOCK) {  // (q: zeros after, for a last group's loads)
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undo the packs' lane interleaving
+    for (int64_t b = 0; b < n / BLOCK; ++b) {
+      const float* xb = x + b * BLOCK;
+      __m256 v[4], amax = _mm256_setzero_ps(), s = _mm256_setzero_ps();
+      for (int j = 0; j < 4; ++j) {
+        v[j] = _mm256_loadu_ps(xb + 8 * j);
+        amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], magnitude));
+        s = _mm256_add_ps(s, v[j]);
+      }
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float d = _mm_cvtss_f32(m4) / 127.f, inv = d != 0.f ? 1.f / d : 0.f;
+      __m256i i[4];
+      for (int j = 0; j < 4; ++j) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(inv)));
+      const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q.data() + b * BLOCK), _mm256_permutevar8x32_epi32(bytes, order));
+      step[b] = d;
+      sum[b] = sum8(s, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+    }
+  }
+};
+#else
+inline void prefetch(const void* p) { __builtin_prefetch(p); }
+
+// the 8-bit x of each block, its step dx and its float sum (rounding to nearest, ties to even, as the x86
+// path's conversion and std::nearbyint in the default rounding mode)
+struct RoundedRow {
+  std::vector<int8_t> q;
+  std::vector<float> step, sum;
+
+  RoundedRow(const float* x, int64_t n) : q(n + 128), step(n / BLOCK), sum(n / BLOCK) {  // (q: zeros after)
+    for (int64_t b = 0; b < n / BLOCK; ++b) {
+      const float* xb = x + b * BLOCK;
+      float amax = 0.f, s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t j = 0; j < BLOCK; ++j) {
+        amax = std::max(amax, std::fabs(xb[j]));
+        s[j % 8] += xb[j];  // (eight running sums added as the x86 path adds its lanes)
+      }
+      const float d = amax / 127.f, inv = d != 0.f ? 1.f / d : 0.f;
+      for (int64_t j = 0; j < BLOCK; ++j) q[b * BLOCK + j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+      step[b] = d;
+      sum[b] = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+    }
+  }
+};
+#endif
+
+// The quads layout (quant.py's `pack`): four rows side by side, four blocks (a group) at a time, each
+// group's bytes in one run: the four rows' codes, then the group's scales (and, for Q4_1, minima) as
+// float16, block by block, the four rows' of each block together. A matrix is then one stream of bytes,
+// read once from start to end (the CPU's prefetcher follows one stream well, and the three of the file's
+// layout, codes, scales and minima, in two interleaved rows, badly), and one pass of x serves four rows.
+// A row's last group holds its last 1-3 blocks (in / 32 need not be a multiple of 4).
+constexpr int64_t ROWS = 4, GROUP = 4;
+
+// x as the quads meet it: its 8-bit numbers (for Q4_1 split by a block's byte halves: numbers 0-15 meet the
+// low halves of the block's 16 bytes, 16-31 the high halves), and per block, four times over (a block's four
+// rows), its step dx, its float sum (for the minima) and 128 times its integer sum (for Q8_0's codes, read
+// as unsigned q + 128).
+struct QuadRow {
+  std::vector<int8_t> low, high;
+  std::vector<float> step4, sum4;
+  std::vector<int32_t> offset4;
+
+  QuadRow(const RoundedRow& r, int64_t nb)
+      : low(nb * 16 + 64), high(nb * 16 + 64), step4(nb * 4 + 16), sum4(nb * 4 + 16), offset4(nb * 4 + 16) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const int8_t* q = r.q.data() + b * BLOCK;
+      std::copy_n(q, 16, low.data() + b * 16);
+      std::copy_n(q + 16, 16, high.data() + b * 16);
+      int32_t s = 0;
+      for (int64_t j = 0; j < BLOCK; ++j) s += q[j];
+      std::fill_n(step4.data() + b * 4, 4, r.step[b]);
+      std::fill_n(sum4.data() + b * 4, 4, r.sum[b]);
+      std::fill_n(offset4.data() + b * 4, 4, 128 * s);
+    }
+  }
+};
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// Four rows' integer sums, each in four parts per block (lanes 4j..4j+3: block j), added up per block:
+// lanes 4j..4j+3 become block j's sums of rows 0, 1, 2, 3 (the order of a group's scales).
+inline __m512i per_block(__m512i t0, __m512i t1, __m512i t2, __m512i t3) {
+  const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(t0, t1), _mm512_unpackhi_epi32(t0, t1));
+  const __m512i b = _mm512_add_epi32(_mm512_unpacklo_epi32(t2, t3), _mm512_unpackhi_epi32(t2, t3));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+
+// The four rows' y from an accumulator whose lanes 4j+r hold row r's share of block j
+inline void store4(__m512 acc, float* y) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+  _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
+// One quad of Q4_1 rows, a group (k blocks: 64 k bytes of codes, 4 k scales, 4 k minima) at a time
+inline void q4_1_quad(const uint8_t* p, int64_t nb, const QuadRow& x, float* y) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 acc = _mm512_setzero_ps(), low = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b += GROUP) {
+    const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 16 * k;
+    const __mmask64 bytes = k == GROUP ? ~0ULL : (1ULL << row) - 1;
+    const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * k)) - 1);
+    for (int64_t a = 0; a < 80 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
+    const __m512i xl = _mm512_loadu_si512(x.low.data() + b * 16), xh = _mm512_loadu_si512(x.high.data() + b * 16);
+    __m512i t[ROWS];
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512i v = _mm512_maskz_loadu_epi8(bytes, p + r * row);
+      t[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, nibble), xl);
+      t[r] = _mm512_dpbusd_epi32(t[r], _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), xh);
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, p + ROWS * row));
+    const __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, p + ROWS * row + 8 * k));
+    const __m512 sums = _mm512_cvtepi32_ps(per_block(t[0], t[1], t[2], t[3]));
+    acc = _mm512_fmadd_ps(sums, _mm512_mul_ps(d, _mm512_loadu_ps(x.step4.data() + b * 4)), acc);
+    low = _mm512_fmadd_ps(m, _mm512_loadu_ps(x.sum4.data() + b * 4), low);  // the minima times x's sums
+    p += ROWS * row + 16 * k;
+  }
+  store4(_mm512_add_ps(acc, low), y);
+}
+
+// One quad of Q8_0 rows, a group (k blocks: 128 k bytes of codes, 4 k scales) at a time. A code q is read
+// as the unsigned q + 128 (the instruction multiplies unsigned by signed bytes): each block's sum then
+// holds 128 times x's integer sum too, taken off before scaling.
+inline void q8_0_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, float* y) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b += GROUP) {
+    const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 32 * k;
+    const __mmask64 first = k >= 2 ? ~0ULL : (1ULL << row) - 1;
+    const __mmask64 second = k == GROUP ? ~0ULL : k <= 2 ? 0ULL : (1ULL << (row - 64)) - 1;
+    const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * k)) - 1);
+    for (int64_t a = 0; a < 136 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
+    const __m512i x0 = _mm512_loadu_si512(r.q.data() + b * BLOCK), x1 = _mm512_loadu_si512(r.q.data() + b * BLOCK + 64);
+    __m512i t[ROWS];
+    for (int i = 0; i < ROWS; ++i) {  // blocks 0-1 and 2-3 of the group: eight lanes a block
+      const __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                            _mm512_xor_si512(_mm512_maskz_loadu_epi8(first, p + i * row), flip), x0);
+      const __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                            _mm512_xor_si512(_mm512_maskz_loadu_epi8(second, p + i * row + 64), flip), x1);
+      // four lanes a block: block j's two 128-bit quarters added
+      t[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(a, c, 0x88), _mm512_shuffle_i32x4(a, c, 0xDD));
+    }
+    const __m512i exact = _mm512_sub_epi32(per_block(t[0], t[1], t[2], t[3]),
+                                           _mm512_loadu_si512(x.offset4.data() + b * 4));
+    const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, p + ROWS * row));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, _mm512_loadu_ps(x.step4.data() + b * 4)), acc);
+    p += ROWS * row + 8 * k;
+  }
+  store4(acc, y);
+}
+#elif defined(__x86_64__)
+// AVX2: four rows at a time, two blocks at a time, with 256-bit registers (as the AVX-512 path does four blocks
+// with 512). Eight integer sums of 32 products each (one row and one block each), added up per register:
+// [v0 .. v7], in the order of a group's scales when v holds block j's rows 0-3, then block j+1's.
+inline __m256i sums8(const __m256i* v) {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// eight float16 numbers, or four (a group's odd last block: the four after it are not the group's)
+inline __m256 halves(const uint8_t* p, bool eight) {
+  const __m128i h = eight ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
+                          : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtph_ps(h);
+}
+
+// The four rows' y from an accumulator whose lanes r and 4 + r hold row r's shares
+inline void store4(__m256 acc, float* y) {
+  _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+}
+
+// One quad of Q4_1 rows, a group (k blocks: 64 k bytes of codes, 4 k scales, 4 k minima) at a time, two
+// blocks at a time: a block's 16 bytes hold its numbers 0-15 in their low halves and 16-31 in their high
+// halves, which meet x's 32 numbers as one register
+inline void q4_1_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, float* y) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps(), low = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b += GROUP) {
+    const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 16 * k;
+    for (int64_t a = 0; a < 80 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
+    for (int64_t j = 0; j < k; j += 2) {
+      const bool two = j + 1 < k;
+      __m256i v[8];
+      for (int h = 0; h < (two ? 2 : 1); ++h) {
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.q.data() + (b + j + h) * BLOCK));
+        for (int i = 0; i < ROWS; ++i) {
+          const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * row + 16 * (j + h)));
+          const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(c, 4), c), nibble);
+          v[4 * h + i] = dot_u8s8(_mm256_setzero_si256(), q, xq);
+        }
+      }
+      if (!two) std::fill_n(v + 4, 4, _mm256_setzero_si256());
+      const __m256 d = halves(p + ROWS * row + 8 * j, two), m = halves(p + ROWS * row + 8 * k + 8 * j, two);
+      const __m256 step = _mm256_loadu_ps(x.step4.data() + (b + j) * 4), sum = _mm256_loadu_ps(x.sum4.data() + (b + j) * 4);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums8(v)), _mm256_mul_ps(d, step), acc);
+      low = _mm256_fmadd_ps(m, sum, low);  // the minima times x's sums (an odd last block: m's upper half is 0)
+    }
+    p += ROWS * row + 16 * k;
+  }
+  store4(_mm256_add_ps(acc, low), y);
+}
+
+// One quad of Q8_0 rows, a group (k blocks: 128 k bytes of codes, 4 k scales) at a time, two blocks at a time:
+// the instruction multiplies unsigned by signed bytes, so each code meets x with the code's sign moved onto x
+// (|q| (sign q) x = q x)
+inline void q8_0_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, float* y) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b += GROUP) {
+    const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 32 * k;
+    for (int64_t a = 0; a < 136 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
+    for (int64_t j = 0; j < k; j += 2) {
+      const bool two = j + 1 < k;
+      __m256i v[8];
+      for (int h = 0; h < (two ? 2 : 1); ++h) {
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.q.data() + (b + j + h) * BLOCK));
+        for (int i = 0; i < ROWS; ++i) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * row + 32 * (j + h)));
+          v[4 * h + i] = dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(xq, q));
+        }
+      }
+      if (!two) std::fill_n(v + 4, 4, _mm256_setzero_si256());
+      const __m256 d = halves(p + ROWS * row + 8 * j, two);
+      const __m256 step = _mm256_loadu_ps(x.step4.data() + (b + j) * 4);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums8(v)), _mm256_mul_ps(d, step), acc);
+    }
+    p += ROWS * row + 8 * k;
+  }
+  store4(acc, y);
+}
+#else
+// ARM64: four rows a block at a time in 128-bit registers; a block's 32 products of signed bytes by the
+// dot-product instruction where the CPU has it (ARMv8.2's SDOT), else widened to 16 bits in pairs (at most
+// 2 x 128 x 127: no overflow) and added pairwise into 32
+inline int32x4_t dot_s8(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+  return vdotq_s32(acc, a, b);
+#else
+  int16x8_t p = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+  p = vmlal_s8(p, vget_high_s8(a), vget_high_s8(b));
+  return vpadalq_s16(acc, p);
+#endif
+}
+
+// four rows' sums, each in four parts: [row 0, row 1, row 2, row 3]
+inline float32x4_t sums4(int32x4_t t0, int32x4_t t1, int32x4_t t2, int32x4_t t3) {
+  return vcvtq_f32_s32(vpaddq_s32(vpaddq_s32(t0, t1), vpaddq_s32(t2, t3)));
+}
+
+inline float32x4_t halves4(const uint8_t* p) {
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p))));
+}
+
+// One quad of Q4_1 rows: a block's 16 bytes hold its numbers 0-15 in their low halves, 16-31 in their high
+inline void q4_1_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, float* y) {
+  const uint8x16_t nibble = vdupq_n_u8(0x0F);
+  float32x4_t acc = vdupq_n_f32(0.f), low = vdupq_n_f32(0.f);
+  for (int64_t b = 0; b < nb; b += GROUP) {
+    const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 16 * k;
+    for (int64_t a = 0; a < 80 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
+    for (int64_t j = 0; j < k; ++j) {
+      const int8x16_t xl = vld1q_s8(r.q.data() + (b + j) * BLOCK), xh = vld1q_s8(r.q.data() + (b + j) * BLOCK + 16);
+      int32x4_t t[ROWS];
+      for (int i = 0; i < ROWS; ++i) {
+        const uint8x16_t c = vld1q_u8(p + i * row + 16 * j);
+        t[i] = dot_s8(vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(c, nibble)), xl);
+        t[i] = dot_s8(t[i], vreinterpretq_s8_u8(vshrq_n_u8(c, 4)), xh);
+      }
+      const float32x4_t d = halves4(p + ROWS * row + 8 * j), m = halves4(p + ROWS * row + 8 * k + 8 * j);
+      acc = vfmaq_f32(acc, sums4(t[0], t[1], t[2], t[3]), vmulq_f32(d, vld1q_f32(x.step4.data() + (b + j) * 4)));
+      low = vfmaq_f32(low, m, vld1q_f32(x.sum4.data() + (b + j) * 4));  // the minima times x's sums
+    }
+    p += ROWS * row + 16 * k;
+  }
+  vst1q_f32(y, vaddq_f32(acc, low));
+}
+
+// One quad of Q8_0 rows: signed codes by signed x, 32 at a time
+inline void q8_0_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, float* y) {
+  float32x4_t acc = vdupq_n_f32(0.f);
+  for (int64_t b = 0; b < nb; b += GROUP) {
+    const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 32 * k;
+    for (int64_t a = 0; a < 136 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
+    for (int64_t j = 0; j < k; ++j) {
+      const int8x16_t x0 = vld1q_s8(r.q.data() + (b + j) * BLOCK), x1 = vld1q_s8(r.q.data() + (b + j) * BLOCK + 16);
+      int32x4_t t[ROWS];
+      for (int i = 0; i < ROWS; ++i) {
+        const int8_t* c = reinterpret_cast<const int8_t*>(p + i * row + 32 * j);
+        t[i] = dot_s8(dot_s8(vdupq_n_s32(0), vld1q_s8(c), x0), vld1q_s8(c + 16), x1);
+      }
+      const float32x4_t d = halves4(p + ROWS * row + 8 * j);
+      acc = vfmaq_f32(acc, sums4(t[0], t[1], t[2], t[3]), vmulq_f32(d, vld1q_f32(x.step4.data() + (b + j) * 4)));
+    }
+    p += ROWS * row + 8 * k;
+  }
+  vst1q_f32(y, acc);
+}
+#endif
+
+// One quad's four outputs (y[0..3]) from its bytes p: Q4_1 or Q8_0
+inline void quad_product(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, bool q4_1, float* y) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  if (q4_1) q4_1_quad(p, nb, x, y);
+#else
+  if (q4_1) q4_1_quad(p, nb, x, r, y);
+#endif
+  else q8_0_quad(p, nb, x, r, y);
+}
+
+}  // namespace lumen_quads
