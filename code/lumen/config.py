@@ -33,8 +33,45 @@ ACTIVATIONS: dict[str, Callable] = {
 }
 MLP_KINDS = ("mlp", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_offset")  # rmsnorm_offset scales by (1 + g) (Gemma)
-PLACEMENTS = ("pre", "post", "parallel")  # parallel: x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)
+PLACEMENTS: tuple[str, ...] = ("pre", "post", "parallel")  # parallel: x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)
 POSITIONS = ("learned", "rope")
+# families-a: where the q/k norms act, the RoPE frequency rescalings, and more norm placements
+QK_NORMS = ("head", "projection")  # over each head's d_head features (Qwen3, Gemma 3), or over all heads (OLMo-2)
+ROPE_SCALINGS = ("linear", "llama3")
+PLACEMENTS += ("parallel_shared", "branch_output")  # x + attn(ln1(x)) + mlp(ln1(x)) (GPT-J, Phi-2);
+#                                                     x + norm(attn(x)), x + norm(mlp(x)) (OLMo-2)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A rescaling of RoPE's frequencies, to stretch a model to a longer context than it was trained at.
+
+    linear (position interpolation): every frequency divided by `factor`. llama3 (Llama 3.1+): the slow
+    frequencies (wavelengths above original_context / low_freq_factor) divided by `factor`, the fast ones
+    (wavelengths below original_context / high_freq_factor) kept, and a smooth blend between the two.
+    """
+
+    kind: str  # one of ROPE_SCALINGS
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192  # the context the model was trained at before the stretch
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALINGS:
+            raise ConfigError(f"RopeScaling.kind must be one of {', '.join(ROPE_SCALINGS)}; got {self.kind!r}")
+        for f in ("factor", "low_freq_factor", "high_freq_factor"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and float(v) > 0):
+                raise ConfigError(f"RopeScaling.{f} must be a positive number, got {v!r}")
+            object.__setattr__(self, f, float(v))
+        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+            raise ConfigError(f"RopeScaling: high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor "
+                              f"({self.low_freq_factor})")
+        v = self.original_context
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= int(v) <= SIZE_LIMITS["context"]:
+            raise ConfigError(f"RopeScaling.original_context must be a whole number in 1..{SIZE_LIMITS['context']}, "
+                              f"got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -66,11 +103,27 @@ class ModelConfig:
     d_head: int | None = None  # each head's width, if not d_model / n_heads (Gemma)
     scale_embeddings: bool = False  # token embeddings times sqrt(d_model) (Gemma)
     sliding_window: int | None = None  # each query sees only the last this-many keys, itself included (Mistral)
+    # families-a
+    qk_norm: str | None = None  # a norm on queries and keys before RoPE: per "head" (Qwen3) or over the "projection"
+    rope_scaling: RopeScaling | None = None  # RoPE's frequencies rescaled (Llama 3.1+: "llama3")
+    rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ... (GPT-J), not (i, i + dims/2)
+    head_bias: bool = False  # a bias on the unembedding (Phi-2, GPT-J)
     dropout: float = 0.0
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):  # as config.json holds it (from_dict, load)
+            try:
+                object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+            except TypeError as e:
+                raise ConfigError(f"ModelConfig.rope_scaling: {e}") from None
+        if not isinstance(self.rope_scaling, (RopeScaling, type(None))):
+            raise ConfigError(f"ModelConfig.rope_scaling must be a RopeScaling or null, got {self.rope_scaling!r}")
         self._check_types()
+        if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
+            raise ConfigError(f"ModelConfig.qk_norm must be null or one of {', '.join(QK_NORMS)}; got {self.qk_norm!r}")
+        if self.qk_norm == "projection" and self.norm != "rmsnorm":
+            raise ConfigError("ModelConfig: qk_norm 'projection' (OLMo-2) is an RMSNorm; it needs norm 'rmsnorm'")
         if not 0.0 < self.rotary_fraction <= 1.0:
             raise ConfigError(f"ModelConfig.rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
         if self.d_head is None and self.d_model % self.n_heads:
@@ -120,7 +173,7 @@ class ModelConfig:
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
                 raise ConfigError(f"ModelConfig.{f} must be a finite number, got {v!r}")
             object.__setattr__(self, f, float(v))
-        for f in ("bias", "tie_embeddings", "qkv_bias", "scale_embeddings"):
+        for f in ("bias", "tie_embeddings", "qkv_bias", "scale_embeddings", "rope_interleaved", "head_bias"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"ModelConfig.{f} must be true or false, got {getattr(self, f)!r}")
         for f in ("mlp", "activation", "norm", "norm_placement", "positions", "name"):
