@@ -249,8 +249,8 @@ class MultiHeadAttention(nn.Module):
         if cfg.positions == "rope":
             rope = (InterleavedRoPE if cfg.rope_interleaved else RoPE)(cfg.rotary_dims, cfg.context, cfg.rope_theta,
                                                                         cfg.rope_scaling)
-        return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.bias, rope, cfg.dropout,
-                   cfg.head_dim, cfg.bias or cfg.qkv_bias, cfg.sliding_window, q_norm, k_norm)
+        return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.attention_bias, rope, cfg.dropout,
+                   cfg.head_dim, cfg.attention_bias or cfg.qkv_bias, cfg.sliding_window, q_norm, k_norm)
 
     def forward(
         self, x: torch.Tensor, mask: Padding | None = None, cache: LayerCache | None = None

@@ -108,6 +108,7 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None  # RoPE's frequencies rescaled (Llama 3.1+: "llama3")
     rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ... (GPT-J), not (i, i + dims/2)
     head_bias: bool = False  # a bias on the unembedding (Phi-2, GPT-J)
+    attn_bias: bool | None = None  # biases on W_Q, W_K, W_V, W_O, if not as `bias` says (GPT-J: MLP biases only)
     dropout: float = 0.0
     name: str = field(default="custom", compare=False)
 
@@ -173,6 +174,8 @@ class ModelConfig:
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
                 raise ConfigError(f"ModelConfig.{f} must be a finite number, got {v!r}")
             object.__setattr__(self, f, float(v))
+        if self.attn_bias is not None and not isinstance(self.attn_bias, bool):
+            raise ConfigError(f"ModelConfig.attn_bias must be true, false or null, got {self.attn_bias!r}")
         for f in ("bias", "tie_embeddings", "qkv_bias", "scale_embeddings", "rope_interleaved", "head_bias"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"ModelConfig.{f} must be true or false, got {getattr(self, f)!r}")
@@ -189,6 +192,11 @@ class ModelConfig:
     def rotary_dims(self) -> int:
         """How many of each head's dimensions RoPE rotates (the first ones)."""
         return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def attention_bias(self) -> bool:
+        """Whether W_O (and so W_Q, W_K, W_V) have biases: attn_bias, else bias."""
+        return self.bias if self.attn_bias is None else self.attn_bias
 
     @property
     def kv_heads(self) -> int:
