@@ -10,7 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from helpers.families import HF_CLASSES as FAMILY_CLASSES
 from helpers.families import SHAPES as FAMILY_SHAPES
 from lumen import GPT
-from lumen.errors import UserError
+from lumen.errors import ModelFileError, UserError
 from lumen.formats import load
 from lumen.formats.hf import config_from_hf, from_hf_model, save_hf_dir
 
@@ -114,3 +114,19 @@ def test_unsupported_hf_configs_are_clear_errors(tmp_path):
         save_hf_dir(ours, tmp_path / "a")
     with pytest.raises(ValueError, match="no Hugging Face architecture"):
         save_hf_dir(GPT(ours.cfg.replace(norm="layernorm")), tmp_path / "b")
+
+
+def test_gpt2_without_scaled_attention_is_refused_naming_the_key(tmp_path):
+    """scale_attn_weights=false (scores not divided by sqrt(d_head)) changes transformers' logits; lumen once loaded
+    such a file as if it were true and gave wrong logits without a word. Now it is one clear line."""
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=48, n_embd=64, n_layer=2, n_head=4,
+                                    scale_attn_weights=False)).eval()
+    hf.save_pretrained(tmp_path / "m")
+    scaled = GPT2LMHeadModel.from_pretrained(tmp_path / "m", scale_attn_weights=True).eval()
+    idx = torch.randint(0, V, (1, 20))
+    with torch.no_grad():
+        assert not torch.allclose(hf(idx).logits, scaled(idx).logits, atol=1e-3)  # the key matters
+    with pytest.raises(ModelFileError, match="scale_attn_weights=false") as e:
+        load(tmp_path / "m")
+    assert "config.json" in str(e.value) and "\n" not in str(e.value)

@@ -306,6 +306,64 @@ PRESETS: dict[str, ModelConfig] = {
         "mistral-7b", vocab_size=32000, context=32768, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
         d_ff=14336, sliding_window=4096, tie_embeddings=False,
     ),
+    # families-a ----------------------------------------------------------------------------------------
+    # Llama 3.1/3.2: RoPE's slow frequencies stretched 8x for a 128k context (trained at 8k); the 3.2s tie embeddings
+    "llama3.2-1b": _llama(
+        "llama3.2-1b", vocab_size=128256, context=131072, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+        d_head=64, d_ff=8192, rope_theta=500000.0, norm_eps=1e-5, rope_scaling=RopeScaling("llama3", 32.0),
+    ),
+    "llama3.2-3b": _llama(
+        "llama3.2-3b", vocab_size=128256, context=131072, d_model=3072, n_layers=28, n_heads=24, n_kv_heads=8,
+        d_ff=8192, rope_theta=500000.0, norm_eps=1e-5, rope_scaling=RopeScaling("llama3", 32.0),
+    ),
+    "llama3.1-8b": _llama(
+        "llama3.1-8b", vocab_size=128256, context=131072, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+        d_ff=14336, rope_theta=500000.0, norm_eps=1e-5, rope_scaling=RopeScaling("llama3", 8.0),
+        tie_embeddings=False,
+    ),
+    # Qwen2.5: Qwen2's architecture (biases on W_Q, W_K, W_V); the small ones tie their embeddings
+    "qwen2.5-0.5b": _llama(
+        "qwen2.5-0.5b", vocab_size=151936, context=32768, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
+        d_ff=4864, rope_theta=1000000.0, qkv_bias=True, norm_eps=1e-6,
+    ),
+    "qwen2.5-1.5b": _llama(
+        "qwen2.5-1.5b", vocab_size=151936, context=32768, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
+        d_ff=8960, rope_theta=1000000.0, qkv_bias=True, norm_eps=1e-6,
+    ),
+    "qwen2.5-7b": _llama(
+        "qwen2.5-7b", vocab_size=152064, context=32768, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
+        d_ff=18944, rope_theta=1000000.0, qkv_bias=True, norm_eps=1e-6, tie_embeddings=False,
+    ),
+    # Qwen3: no biases, an RMSNorm on each head's query and key before RoPE, 128-wide heads
+    "qwen3-0.6b": _llama(
+        "qwen3-0.6b", vocab_size=151936, context=40960, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8,
+        d_head=128, d_ff=3072, rope_theta=1000000.0, norm_eps=1e-6, qk_norm="head",
+    ),
+    "qwen3-1.7b": _llama(
+        "qwen3-1.7b", vocab_size=151936, context=40960, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8,
+        d_head=128, d_ff=6144, rope_theta=1000000.0, norm_eps=1e-6, qk_norm="head",
+    ),
+    # OLMo-2: each branch's output normalised before it is added (no input norms), q/k RMSNorm over all heads
+    "olmo2-7b": _llama(
+        "olmo2-7b", vocab_size=100352, context=4096, d_model=4096, n_layers=32, n_heads=32, d_ff=11008,
+        rope_theta=500000.0, norm_placement="branch_output", qk_norm="projection", tie_embeddings=False,
+    ),
+    # Phi-3: Llama's math (its files fuse W_Q, W_K, W_V and W_gate, W_up)
+    "phi3-mini": _llama(
+        "phi3-mini", vocab_size=32064, context=4096, d_model=3072, n_layers=32, n_heads=32, d_ff=8192,
+        sliding_window=2047, tie_embeddings=False,
+    ),
+    # Phi-2 and GPT-J: attention and MLP side by side from one LayerNorm, partial RoPE, a biased unembedding
+    "phi-2": ModelConfig(
+        name="phi-2", vocab_size=51200, context=2048, d_model=2560, n_layers=32, n_heads=32, d_ff=10240,
+        activation="gelu_tanh", norm_placement="parallel_shared", positions="rope", rotary_fraction=0.4,
+        head_bias=True, tie_embeddings=False,
+    ),
+    "gpt-j-6b": ModelConfig(
+        name="gpt-j-6b", vocab_size=50400, context=2048, d_model=4096, n_layers=28, n_heads=16,
+        activation="gelu_tanh", norm_placement="parallel_shared", positions="rope", rotary_fraction=0.25,
+        rope_interleaved=True, attn_bias=False, head_bias=True, tie_embeddings=False,
+    ),
     # for parameter and FLOP accounting only: never instantiate it (70B parameters)
     "llama3-70b": _llama(
         "llama3-70b", vocab_size=128256, context=8192, d_model=8192, n_layers=80, n_heads=64,
