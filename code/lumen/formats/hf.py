@@ -562,9 +562,22 @@ def _canonical_names(hf: dict[str, torch.Tensor], fam: str) -> dict[str, torch.T
     return hf
 
 
+def _decided_by(tensor: str) -> str | None:
+    """The config.json key that says whether a tensor exists, if one does."""
+    if tensor.endswith(("lm_head.weight", "embed_out.weight")):
+        return "tie_word_embeddings"
+    if "q_layernorm." in tensor or "k_layernorm." in tensor:
+        return "qk_layernorm"
+    if tensor.endswith(".bias"):
+        return "mlp_bias" if ".mlp." in tensor else "attention_bias"
+    return None
+
+
 def _need(hf: dict[str, torch.Tensor], key: str) -> torch.Tensor:
     if key not in hf:
-        raise ModelFileError(f"the Hugging Face weights have no tensor {key!r} (is config.json the right one?)")
+        decided = _decided_by(key)
+        why = f"config.json's {decided!r} says there is one" if decided else "is config.json the right one?"
+        raise ModelFileError(f"the Hugging Face weights have no tensor {key!r} ({why})")
     return hf[key]
 
 
