@@ -37,7 +37,7 @@ from ..tokenizers import Batch, single_token
 from .cache import run_with_cache
 from .hooks import inputs
 from .readout import Readout
-from .stack import check_sum, check_sum_of_writes
+from .stack import check_sum, check_sum_of_writes, normed_write
 
 __all__ = ["Attribution", "attribute", "single_token", "top_components"]
 
@@ -149,9 +149,8 @@ def attribute(
         writes += [cache[names.activation(i, "attn_out")], cache[names.activation(i, "mlp_out")]]
         rows += [names.write(i, "attn"), names.write(i, "mlp")]
         out = model.attention(i).out
-        wi = w   # what a unit of attn.out's output is worth; through a branch-output norm, times gain / scale
-        if i in normed:
-            wi = w * model.blocks[i].ln1.gain.double() / cache[names.activation(i, "ln1_scale")].double()
+        # what a unit of attn.out's output is worth: w, or through a branch-output norm w * gain / scale
+        wi = normed_write(model, i, cache)(w)
         v = (wi @ out.weight.double()).unflatten(-1, (H, -1))                      # (B, T, H, hd): W_O^T w
         heads[i] = (cache[names.activation(i, "z")].double() * v).sum(-1).permute(2, 0, 1).cpu()
         if out.bias is not None:
