@@ -23,6 +23,7 @@ from lumen.inspect import (
     head_scores,
     logit_lens,
     run_with_cache,
+    run_with_hooks,
     top_activations,
     train_tuned_lens,
     value_logits,
@@ -187,3 +188,21 @@ def test_family_settings_that_cannot_work_are_clear_errors():
     gemma = GemmaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4).to_dict()
     with pytest.raises(ModelFileError, match="Gemma hidden_act 'relu'"):
         config_from_hf(gemma | {"hidden_act": "relu"})
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "olmo2-7b"])
+def test_the_q_and_k_sites_after_their_norms_are_the_norm_formulas(name):
+    """blocks.i.q_normed and k_normed: an RMSNorm of each head's query/key (Qwen3) or of all heads' together
+    (OLMo-2), computed here from the cached q and k and the norms' gains; and a hook there changes the logits."""
+    model = _tiny(name)
+    x = torch.randint(0, V, (2, 11), generator=torch.Generator().manual_seed(4))
+    sites = [f"blocks.{i}.{k}" for i in range(3) for k in ("q", "k", "q_normed", "k_normed")]
+    logits, cache = run_with_cache(model, x, sites)
+    for i, b in enumerate(model.blocks):
+        for kind, norm in (("q", b.attn.q_norm), ("k", b.attn.k_norm)):
+            raw = cache[f"blocks.{i}.{kind}"]                                          # (B, T, heads, hd)
+            flat = raw.flatten(-2) if model.cfg.qk_norm == "projection" else raw
+            want = flat / torch.sqrt(flat.pow(2).mean(-1, keepdim=True) + model.cfg.norm_eps) * norm.g
+            torch.testing.assert_close(cache[f"blocks.{i}.{kind}_normed"], want.view_as(raw), atol=1e-5, rtol=0)
+    doubled = run_with_hooks(model, x, fwd_hooks=[("blocks.1.q_normed", lambda a, n: 2 * a)])
+    assert not torch.allclose(doubled, logits, atol=1e-4)

@@ -122,6 +122,7 @@ def place(model: GPT, name: str) -> Place:
         "attn_scores": Place(attn.scores, "out"), "attn_heads": Place(attn.out, "pre"),
         "z": Place(attn.out, "pre", attn.n_heads), "q": Place(attn.q, "out", attn.n_heads),
         "k": Place(attn.k, "out", attn.n_kv_heads), "v": Place(attn.v, "out", attn.n_kv_heads),
+        "q_normed": Place(attn.q_norm, "out"), "k_normed": Place(attn.k_norm, "out"),   # (B, T, heads, d_head)
         "mlp_hidden": Place(block.mlp.down, "pre"),
     }
     if kind in simple:
