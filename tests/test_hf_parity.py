@@ -142,7 +142,8 @@ def _rel(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
-@pytest.mark.parametrize("name", [A_SHAPES[0]] + [pytest.param(n, marks=pytest.mark.slow) for n in A_SHAPES[1:]])
+@pytest.mark.parametrize("name", [A_SHAPES[0]] + [pytest.param(n, marks=pytest.mark.slow)
+                                                  for n in A_SHAPES[1:] + [n for n in SHAPES if n not in A_SHAPES]])
 def test_float64_bfloat16_padding_and_32_greedy_steps_agree(name):
     """float32 within 5e-5 relative; float64 within 1e-6 (transformers' RMSNorms compute in float32 even in a
     float64 model: what is left is their rounding, two orders below the float32 bound); bfloat16 within 1e-2;
@@ -168,3 +169,23 @@ def test_float64_bfloat16_padding_and_32_greedy_steps_agree(name):
     ref = hf.generate(prompt, max_new_tokens=32, do_sample=False, pad_token_id=0, eos_token_id=None,
                       attention_mask=torch.ones_like(prompt))
     assert torch.equal(ours.generate(prompt, 32, temperature=0), ref)
+
+
+def test_llama3_rope_scaling_in_the_older_spelling_is_read_too(tmp_path):
+    """Llama 3.1's config.json as the hub has it: rope_theta at the top and rope_scaling {"rope_type": "llama3"}
+    (transformers 5 writes rope_parameters instead). Both transformers and lumen read it; the logits agree."""
+    hf, ours = _pair("llama3-scaled-gqa")
+    hf.save_pretrained(tmp_path / "m")
+    path = tmp_path / "m" / "config.json"
+    c = json.loads(path.read_text())
+    rope = c.pop("rope_parameters")
+    c |= {"rope_theta": rope.pop("rope_theta"), "rope_scaling": rope}
+    path.write_text(json.dumps(c))
+    ref = LlamaForCausalLM.from_pretrained(tmp_path / "m", attn_implementation="eager").eval()
+    assert ref.config.rope_parameters["rope_type"] == "llama3"
+    idx = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = ref(idx).logits
+        torch.testing.assert_close(load(tmp_path / "m").model(idx)[0], want, atol=1e-5, rtol=0)
+        assert not torch.allclose(GPT.from_state(ours.cfg.replace(rope_scaling=None), ours.state_dict())(idx)[0],
+                                  want, atol=1e-3)   # the scaling matters at these positions

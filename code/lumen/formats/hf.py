@@ -178,14 +178,18 @@ def _rope(c: dict, default_theta: float = 10000.0) -> tuple[float, float]:
     """(theta, rotary fraction) from either config.json spelling; RoPE variants are refused (see _rope_scaling)."""
     rope = c.get("rope_parameters") or {}
     scaling = c.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-    if rope_type != "default":
-        key = "rope_parameters" if "rope_type" in rope else "rope_scaling"
-        raise ModelFileError(f"{key}.rope_type {rope_type!r} (RoPE scaling) is not supported by this family "
-                             "(only plain RoPE)")
+    for key, params in (("rope_parameters", rope), ("rope_scaling", scaling)):
+        if _rope_type(params) != "default":
+            raise ModelFileError(f"{key}.rope_type {_rope_type(params)!r} (RoPE scaling) is not supported by this "
+                                 "family (only plain RoPE)")
     theta = rope.get("rope_theta", c.get("rope_theta", c.get("rotary_emb_base", default_theta)))
     fraction = rope.get("partial_rotary_factor", c.get("rotary_pct", c.get("partial_rotary_factor", 1.0)))
     return float(theta), float(fraction)
+
+
+def _rope_type(params: dict) -> object:
+    """A rope_parameters/rope_scaling object's type, in either spelling ("type" is the older)."""
+    return params.get("rope_type", params.get("type", "default"))
 
 
 def _rope_scaling(c: dict) -> tuple[dict, RopeScaling | None]:
@@ -193,10 +197,11 @@ def _rope_scaling(c: dict) -> tuple[dict, RopeScaling | None]:
     "llama3" in either spelling (transformers 5's rope_parameters, the older rope_scaling); "dynamic", "yarn",
     "longrope" and others are refused naming the key."""
     rope, scaling = c.get("rope_parameters") or {}, c.get("rope_scaling") or {}
-    key, params = ("rope_parameters", rope) if "rope_type" in rope else ("rope_scaling", scaling)
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
+    scaled = [(k, p) for k, p in (("rope_parameters", rope), ("rope_scaling", scaling)) if _rope_type(p) != "default"]
+    if not scaled:
         return c, None
+    key, params = scaled[0]   # (transformers 5's spelling first)
+    kind = _rope_type(params)
     if kind not in ("linear", "llama3"):
         raise ModelFileError(f"{key}.rope_type {kind!r} is not supported; lumen reads RoPE scaling 'linear' and "
                              "'llama3' (or none: 'default')")
