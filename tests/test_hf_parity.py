@@ -104,8 +104,8 @@ def test_unsupported_hf_configs_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="model_type 'bert' is not supported"):
         config_from_hf({"model_type": "bert"})
     llama = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-                        rope_scaling={"rope_type": "linear", "factor": 2.0}).to_dict()
-    with pytest.raises(ValueError, match="RoPE scaling"):
+                        rope_scaling={"rope_type": "yarn", "factor": 2.0}).to_dict()
+    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):  # (linear and llama3 are read)
         config_from_hf(llama)
     with pytest.raises(FileNotFoundError, match="config.json"):
         load(tmp_path)
