@@ -65,7 +65,7 @@ class GPT(nn.Module):
         # pre-LN (and parallel) blocks never normalise the stream itself, so one last norm before reading
         # it out; post-LN blocks already leave it normalised
         self.ln_f = make_norm(cfg) if cfg.norm_placement != "post" else nn.Identity()
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the unembedding
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.head_bias)  # the unembedding (+ b: Phi-2, GPT-J)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.sampling: Sampling | None = None  # the sampling defaults its files carry, if any (lumen.decode)

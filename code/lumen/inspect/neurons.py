@@ -68,7 +68,7 @@ def direction_logits(model: GPT, directions: torch.Tensor) -> torch.Tensor:
     gain = getattr(model.ln_f, "gain", None)
     if gain is not None:
         directions = directions * gain
-    return model.lm_head(directions.to(model.lm_head.weight.dtype))
+    return directions.to(model.lm_head.weight.dtype) @ model.lm_head.weight.T   # (an unembedding bias moves no logit)
 
 
 def value_tokens(model: GPT, tokenizer: Tokenizer, layer: int, unit: int, k: int = 10) -> dict:

@@ -27,7 +27,7 @@ that is the logit lens, here for chosen tokens or a logit difference, per layer 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -80,25 +80,34 @@ class Stack:
     def logits(self, tokens: Tokens) -> torch.Tensor:
         """(C, B, T, n): each row's share of the logits of the given tokens (float64)."""
         u = self.readout.directions(tokens).double()                             # (n, d)
-        return torch.einsum("cbtd,nd->cbtn", self.normed().double(), u)
+        out = torch.einsum("cbtd,nd->cbtn", self.normed().double(), u)
+        # a lens's row is a whole read-out: with the unembedding's bias (shared rows leave it to bias_share)
+        return out if self.shared else out + self.readout.token_bias(torch.as_tensor(tokens).reshape(-1))
 
     @torch.no_grad()
     def logit_diff(self, a: Tokens, b: Tokens) -> torch.Tensor:
         """(C, B, T): each row's share of logit[a] - logit[b] (float64); a and b token ids, or one per
         prompt of the batch ((B,) each)."""
         u = self._direction(a, b)
-        return (self.normed().double() * u).sum(-1)
+        out = (self.normed().double() * u).sum(-1)
+        return out if self.shared else out + self._token_bias(a, b)
 
     @torch.no_grad()
     def bias_share(self, a: Tokens, b: Tokens | None = None) -> torch.Tensor | None:
         """(B, T) or (B, T, n): what the norm's bias adds to logit[a] (minus logit[b]) once; None without a bias."""
-        if self.readout.bias is None:
+        if self.readout.bias is None and self.readout.b_U is None:
             return None
-        bias = self.readout.bias.double()
-        if b is None:
+        bias = self.readout.bias.double() if self.readout.bias is not None else torch.zeros(self.values.size(-1))
+        if b is None:   # (and the unembedding's own bias, Phi-2's and GPT-J's, once)
             share = self.readout.directions(a).double() @ bias                    # (n,)
+            share = share + self.readout.token_bias(torch.as_tensor(a).reshape(-1))
             return share.expand(*self.values.shape[1:3], -1)
-        return (self._direction(a, b) * bias).sum(-1).expand(*self.values.shape[1:3])
+        return ((self._direction(a, b) * bias).sum(-1) + self._token_bias(a, b)).expand(*self.values.shape[1:3])
+
+    def _token_bias(self, a: Tokens, b: Tokens) -> torch.Tensor | float:
+        """b_U[a] - b_U[b] as (B, 1) for one pair per prompt (broadcasting over positions), else a scalar."""
+        t = self.readout.token_bias(a, b)
+        return t.double()[:, None] if isinstance(t, torch.Tensor) and t.dim() == 1 else t
 
     def _direction(self, a: Tokens, b: Tokens) -> torch.Tensor:
         """W_U[a] - W_U[b]: (d,) for one pair, (B, 1, d) for one pair per prompt."""
@@ -125,7 +134,7 @@ def decompose(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: torch
     check_sum_of_writes(model)
     L = len(model.blocks)
     last = names.activation(L - 1, "resid_post")
-    kinds = ("z", "attn_out", "mlp_out") if heads else ("attn_out", "mlp_out")
+    kinds = ("z", "attn_out", "mlp_out", "ln1_scale") if heads else ("attn_out", "mlp_out")
     _, cache = run_with_cache(model, idx, [names.EMBED, last] + [names.activation(i, k) for i in range(L)
                                                                   for k in kinds], mask=mask)
     rows, values = [], []
@@ -143,11 +152,13 @@ def decompose(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: torch
             z = cache[names.activation(i, "z")]                                      # (B, T, H, hd)
             H = z.size(2)
             W_O = out.weight.unflatten(1, (H, -1))                                   # (d, H, hd)
-            values += list(torch.einsum("bthk,dhk->hbtd", z, W_O))
+            # through OLMo-2's branch-output norm, each head's write times gain / scale (the scale frozen)
+            norm = normed_write(model, i, cache)
+            values += [norm(w) for w in torch.einsum("bthk,dhk->hbtd", z, W_O)]
             rows += [names.head(i, h) for h in range(H)]
             if out.bias is not None:
                 rows.append(names.write(i, "attn") + ".bias")
-                values.append(out.bias.expand_as(embed))
+                values.append(norm(out.bias.expand_as(embed)))
         else:
             rows.append(names.write(i, "attn"))
             values.append(cache[names.activation(i, "attn_out")])
@@ -184,6 +195,18 @@ def accumulated(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: tor
     stack = torch.stack(values)
     readout = Readout(model)
     return Stack(rows, stack, readout.scale(stack), readout, shared=False, mask=mask)
+
+
+def normed_write(model: GPT, i: int, cache) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How a part of block i's attention output reaches the stream: as it is, or through a branch-output norm
+    (OLMo-2) with its scale frozen at the forward pass's (cache holds blocks.i.ln1_scale): c -> c / s * g."""
+    from ..block import BranchOutputNormBlock
+
+    block = model.blocks[i]
+    if not isinstance(block, BranchOutputNormBlock):
+        return lambda c: c
+    scale, gain = cache[names.activation(i, "ln1_scale")], block.ln1.gain
+    return lambda c: c / scale * gain
 
 
 def check_sum_of_writes(model: GPT) -> None:
