@@ -277,7 +277,7 @@ def test_path_patching_finds_the_known_paths():
         want = (float(metric(zt)) - m_corrupt) / (m_clean - m_corrupt)
         assert float(got) == pytest.approx(want, abs=1e-5)
         each.append(float(got))
-    assert all(abs(e) < 1e-6 for e in each[:2])            # before the first changed token: nothing changed
+    assert all(abs(e) < 1e-5 for e in each[:2]), each   # before the first changed token: nothing changed (to rounding)
     # the pattern of (1, 0) does not depend on its values, so the effect is linear in them: the positions add up
     assert sum(each) == pytest.approx(head(0, 0), abs=1e-4)
 
