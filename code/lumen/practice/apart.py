@@ -28,11 +28,12 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..errors import MissingFileError
+from ..errors import MissingFileError, UserError
 from . import child, wire
 from .exercise import Exercise, Mistake, Raised, Stopped
 from .learner import PracticeError
 
+_EXIT = os._exit   # taken now: the learner's code may replace os._exit in its process, never this
 TIMEOUT = 60.0   # seconds of the learner's code per check (and for importing the file)
 MEMORY = 4.0     # GiB of address space beyond the checker's own
 
@@ -59,6 +60,10 @@ class Sandbox:
         except Stopped as s:
             self.close()
             raise PracticeError(f"{self.path}: importing it {s.what} ({s.advice})") from None
+        except Raised as r:   # raised past the import's own handling: still the learner's file
+            self.close()
+            raise PracticeError(f"{self.path}: importing it raised {r.kind}: {r.message} (fix it and check "
+                                "again)") from None
         except BaseException:
             self.close()
             raise
@@ -68,6 +73,9 @@ class Sandbox:
         self.close()
 
     def _fork(self) -> None:
+        if not hasattr(os, "fork"):
+            raise UserError("lumen practice check runs your code in a process of its own, forked, and this system "
+                            "has no fork (Windows): run it under WSL")
         to_child, from_parent = os.pipe()[::-1]
         from_child, to_parent = os.pipe()
         sys.stdout.flush()   # else the child holds a copy of what is not yet written
@@ -85,7 +93,7 @@ class Sandbox:
             except BaseException:  # noqa: BLE001
                 code = 70
             finally:
-                os._exit(code)
+                _EXIT(code)
         os.close(from_parent)
         os.close(to_parent)
         os.set_blocking(to_child, False)
