@@ -57,13 +57,15 @@ TRICKS = {
                                       "dtype=torch.bool)",
     "randn/rand/randint patched": "import torch; torch.randn = lambda *s, **k: torch.zeros(*s); "
                                   "torch.rand = lambda *s, **k: torch.zeros(*s); "
-                                  "torch.randint = lambda lo, hi=None, size=(1,), **k: torch.zeros(size, dtype=torch.long)",
+                                  "torch.randint = lambda lo, hi=None, size=(1,), **k: "
+                                  "torch.zeros(size, dtype=torch.long)",
     "lumen's comparisons patched": "import sys, lumen.practice; [setattr(m, n, (lambda *a, **k: None) if n == "
                                    "'expect_close' else (lambda *a, **k: False)) for m in list(sys.modules.values()) "
                                    "if getattr(m, '__name__', '').startswith('lumen.practice') for n in "
                                    "('differs', 'expect_close') if hasattr(m, n)]",
     "lumen's verdict patched": "import sys, lumen.practice; _e = sys.modules['lumen.practice.exercise']; "
-                               "_e.Report.passed = property(lambda s: True); _e.Report.failed = property(lambda s: []); "
+                               "_e.Report.passed = property(lambda s: True); "
+                               "_e.Report.failed = property(lambda s: []); "
                                "_e.Mistake.__init__ = lambda s, *a, **k: None",
     "lumen's command patched": "import lumen.cli.practice as _c, lumen.practice as _p; _c._check = lambda *a: 0; "
                                "_p.check_file = lambda *a, **k: None; _p.run = lambda *a, **k: None",

@@ -58,7 +58,8 @@ HOSTILE = {
                             "torch.allclose = lambda *a, **k: True\n" + NOOP_NORM, [], 1, "FAILED"),
     "torch.randn patched to zeros": ("layernorm", "import torch\n_z = torch.zeros\n"
                                      "torch.randn = lambda *s, **k: _z(*s, **k)\n" + NOOP_NORM, [], 1, "FAILED"),
-    "the report's verdict patched": ("gelu", "import sys, lumen.practice\nexercise = sys.modules['lumen.practice.exercise']\n"
+    "the report's verdict patched": ("gelu", "import sys, lumen.practice\n"
+                                     "exercise = sys.modules['lumen.practice.exercise']\n"
                                      "exercise.Report.passed = property(lambda self: True)\n"
                                      "exercise.Report.failed = property(lambda self: [])\n" + NOOP_GELU, [], 1,
                                      "FAILED"),
