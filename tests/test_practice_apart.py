@@ -128,12 +128,18 @@ def test_a_time_limit_is_per_check_and_a_slow_correct_solution_passes(tmp_path):
 
 
 def test_no_process_is_left_behind(tmp_path):
+    """Neither the learner's process nor one it started outlives the check."""
+    pid_file = tmp_path / "pid"
     path = tmp_path / "gelu.py"
-    path.write_text("import os, time\nif os.fork() == 0:\n    time.sleep(1000)\n" + NOOP_GELU)
-    report = practice.check_file("gelu", path)
-    assert not report.passed
+    path.write_text(f"import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(1000)\n"
+                    f"open({str(pid_file)!r}, 'w').write(f'{{os.getpid()}} {{pid}}')\n" + NOOP_GELU)
+    assert not practice.check_file("gelu", path).passed
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)   # no child of ours, running or a zombie
+    time.sleep(0.2)
+    for pid in map(int, pid_file.read_text().split()):   # the learner's process, and the one it forked
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"), pid
 
 
 @pytest.mark.parametrize("flag", ["--timeout", "--memory"])
@@ -155,3 +161,39 @@ def test_the_process_ending_ones_through_the_lumen_command(tmp_path):
                               capture_output=True, text=True, env=env, timeout=120)
         assert done.returncode == code, (case, done.stdout, done.stderr)
         assert said in " ".join((done.stdout + done.stderr).split()), (case, done.stdout, done.stderr)
+
+
+def test_no_file_descriptor_is_left_open(tmp_path):
+    fds = len(os.listdir("/proc/self/fd"))
+    for source in ("import os\ndef gelu(x):\n    os._exit(0)\n", "def gelu(x):\n    while True:\n        pass\n",
+                   "import os\nos._exit(0)\n", NOOP_GELU):
+        path = tmp_path / "gelu.py"
+        path.write_text(source)
+        try:
+            practice.check_file("gelu", path, timeout=0.5)
+        except practice.PracticeError:
+            pass
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_what_is_not_data_comes_back_as_its_type(tmp_path):
+    path = tmp_path / "gelu.py"
+    path.write_text("def gelu(x):\n    return (v for v in x)\n")
+    report = practice.check_file("gelu", path)
+    assert "gelu(x) returned generator, not a torch.Tensor" in report.failed[0].seen
+
+
+def test_the_checker_reads_only_well_formed_answers():
+    """What the learner's process sends is read with json and torch.frombuffer, bounds checked."""
+    from lumen.practice import wire
+
+    packer = wire.Packer()
+    entry = packer.value((torch.arange(6.0).view(2, 3), [1, "a", None, ...], {"k": 2.5}))
+    blob = b"".join(packer.chunks)
+    got = wire.Unpacker(blob).value(entry)
+    assert torch.equal(got[0], torch.arange(6.0).view(2, 3)) and got[1] == [1, "a", None, ...] and got[2] == {"k": 2.5}
+    t = entry["v"][0]
+    for forged in ({**t, "at": 8}, {**t, "n": 4}, {**t, "shape": [4, 3]}, {**t, "dtype": "object"},
+                   {**t, "shape": [-2, -3]}, {"$": "pickle", "v": "gASVAAAAAAAAAAA="}, [1, 2]):
+        with pytest.raises(wire.Garbled):
+            wire.Unpacker(blob).value(forged)

@@ -29,8 +29,9 @@ import torch.nn as nn
 
 from ..config import ModelConfig
 from ..errors import MissingFileError, UserError
+from ..model import GPT
 from . import child, wire
-from .exercise import Exercise, Mistake, Raised, Stopped
+from .exercise import Exercise, Mistake, Raised, Stopped, _one_line
 from .learner import PracticeError
 
 _EXIT = os._exit   # taken now: the learner's code may replace os._exit in its process, never this
@@ -46,7 +47,7 @@ class Sandbox:
         self.path, self.exercise, self.timeout, self.memory = Path(path), exercise, timeout, memory
         self.smollm2 = smollm2          # the child loads SmolLM2 with it (an inherited copy if loaded already)
         self.named: dict[int, str] = {}  # id of a model the child has by name ("smollm2")
-        self.pid = 0
+        self.pid, self.wfd, self.rfd = 0, -1, -1
         self.left = timeout
         self.stopped: Stopped | None = None
 
@@ -100,9 +101,11 @@ class Sandbox:
         self.pid, self.wfd, self.rfd = pid, to_child, from_child
 
     def close(self) -> None:
-        if self.pid:
+        if self.wfd >= 0:
             os.close(self.wfd)
             os.close(self.rfd)
+            self.wfd = self.rfd = -1
+        if self.pid:
             self._end()
 
     def _end(self) -> int:
@@ -138,8 +141,7 @@ class Sandbox:
             how = f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
             self._stop(f"ended the process ({how}) before the checks finished", "ended")
         except wire.Garbled as e:
-            self._end()
-            self._stop(f"sent something that is not an answer ({e})", "ended")
+            self._garbled(e)
         finally:
             self.left -= time.monotonic() - start
         if "error" in reply:
@@ -163,16 +165,22 @@ class Sandbox:
                   "sync": root._edits(packer) if root is not None else None}
         reply, unpacker = self.ask(header, packer)
         value = self._value(reply, unpacker)
-        for model, change in zip(models, _checked(reply.get("models"), list)):
-            self._apply(model, _checked(change, dict), unpacker)
+        try:
+            for model, change in zip(models, _checked(reply.get("models"), list)):
+                self._apply(model, _checked(change, dict), unpacker)
+        except (wire.Garbled, RuntimeError) as e:
+            self._garbled(e)
         return value
 
     def _value(self, reply: dict, unpacker: wire.Unpacker) -> Any:
         try:
             return unpacker.value(reply.get("value"))
-        except (wire.Garbled, KeyError, TypeError, ValueError, RuntimeError) as e:
-            self._end()
-            self._stop(f"sent something that is not an answer ({e})", "ended")
+        except (wire.Garbled, KeyError, TypeError, ValueError, RuntimeError, RecursionError) as e:
+            self._garbled(e)
+
+    def _garbled(self, e: Exception) -> NoReturn:
+        self._end()
+        self._stop(f"sent something that is not an answer ({_one_line(e)})", "ended")
 
     @torch.no_grad()
     def _apply(self, model: nn.Module, change: dict, unpacker: wire.Unpacker) -> None:
@@ -200,8 +208,6 @@ class Sandbox:
         return loaded
 
     def _encode(self, v: Any, packer: wire.Packer, models: list[nn.Module]) -> Any:
-        from ..model import GPT
-
         if isinstance(v, Remote):
             return {"$": "handle", "id": v._handle}
         if isinstance(v, ModelConfig):

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..config import ModelConfig
+from ..model import GPT
 from . import wire
 from .exercise import Exercise, _learner_line, _one_line
 from .learner import PracticeError, load
@@ -118,9 +120,6 @@ class LearnerSide:
     # -- what comes in: the checker's inputs --------------------------------------------------------------------
 
     def _decode(self, tag: str, entry: dict, unpacker: wire.Unpacker) -> Any:
-        from ..config import ModelConfig
-        from ..model import GPT
-
         if tag == "config":
             return ModelConfig.from_dict(unpacker.value(entry["v"]))
         if tag == "handle":
