@@ -139,7 +139,7 @@ class Sandbox:
         except wire.Closed:
             code = self._end()
             how = f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
-            self._stop(f"ended the process ({how}) before the checks finished", "ended")
+            self._stop(f"ended the process ({how})", "ended")
         except wire.Garbled as e:
             self._garbled(e)
         finally:

@@ -69,7 +69,7 @@ ENDING = ("SystemExit", "KeyboardInterrupt", "GeneratorExit")
 class Stopped(Exception):
     """The learner's process is gone: it ended, ran out of time, or sent what is not an answer."""
 
-    ADVICE = {"ended": "remove the exit: return your answer", "timeout": "an endless loop, a sleep, input()?"}
+    ADVICE = {"ended": "remove the exit: importing the file must only define your answers"}
 
     def __init__(self, what: str, hint: str):
         super().__init__(what)
@@ -78,7 +78,7 @@ class Stopped(Exception):
 
     @property
     def seen(self) -> str:
-        return f"your code {self.what}"
+        return f"your code {self.what}" + (" before the checks finished" if self.what.startswith("ended") else "")
 
 
 # the hints of any exercise: what the learner's code did to the process it runs in
