@@ -20,6 +20,10 @@ import torch
 
 from lumen import practice
 from lumen.cli import main
+from lumen.practice import norms, probes
+from lumen.practice.exercise import Report
+
+KEPT = (probes.differs, norms.differs, probes.expect_close, Report.passed, Report.failed)
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "tests" / "practice_solutions"
@@ -63,9 +67,9 @@ HOSTILE = {
                                      "exercise.Report.passed = property(lambda self: True)\n"
                                      "exercise.Report.failed = property(lambda self: [])\n" + NOOP_GELU, [], 1,
                                      "FAILED"),
-    "the comparisons patched": ("gelu", "from lumen.practice import probes, mlp\n"
-                                "probes.differs = mlp.differs = lambda *a, **k: False\n"
-                                "probes.expect_close = mlp.expect_close = lambda *a, **k: None\n" + NOOP_GELU, [], 1,
+    "the comparisons patched": ("layernorm", "from lumen.practice import probes, norms\n"
+                                "probes.differs = norms.differs = lambda *a, **k: False\n"
+                                "probes.expect_close = norms.expect_close = lambda *a, **k: None\n" + NOOP_NORM, [], 1,
                                 "FAILED"),
     "the command patched": ("gelu", "import lumen.cli.practice as c\nc._check = lambda *a: 0\n"
                             "import lumen.practice as p\np.check_file = lambda *a, **k: None\n" + NOOP_GELU, [], 1,
@@ -101,6 +105,8 @@ def test_a_hostile_solution_does_not_pass_and_is_said_in_one_line(case, tmp_path
     # nothing the learner's code patched reached this process
     assert (torch.allclose, torch.equal, torch.randn) == (allclose, equal, randn)
     assert practice.exercise.__module__ == "lumen.practice" and practice.check_file.__module__ == "lumen.practice"
+    assert (probes.differs, norms.differs, probes.expect_close) == KEPT[:3]
+    assert (Report.passed, Report.failed) == KEPT[3:]
 
 
 def test_the_checks_after_a_process_ends_are_skipped_with_the_reason(tmp_path):

@@ -5,6 +5,9 @@
   lumen practice check NAME [FILE]         run the checks on your file (exit 0 only when all pass)
   lumen practice hint NAME                 what to write, and the mistakes people make
   lumen practice solution NAME             lumen's own code for it, by file and line
+
+`check` runs your code in a process of its own, at most --timeout seconds per check (60) and --memory GiB (4):
+ending that process, running past the time or patching what the checks use fails the check; it never passes.
 """
 
 from __future__ import annotations
