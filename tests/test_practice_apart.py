@@ -203,3 +203,11 @@ def test_the_checker_reads_only_well_formed_answers():
                    {**t, "shape": [-2, -3]}, {"$": "pickle", "v": "gASVAAAAAAAAAAA="}, [1, 2]):
         with pytest.raises(wire.Garbled):
             wire.Unpacker(blob).value(forged)
+
+
+def test_lumens_own_code_imported_is_noted_and_a_subclass_that_keeps_its_forward_too(tmp_path, capsys):
+    for source in ("from lumen.block import LayerNorm\n", "import lumen.block\n"
+                   "class LayerNorm(lumen.block.LayerNorm):\n    pass\n"):
+        rc, out, _ = _check(tmp_path, "layernorm", source, [], capsys)
+        assert rc == 0 and "note: LayerNorm is lumen's own lumen.block.LayerNorm" in out, out
+    assert not practice.check_file("layernorm", SOLUTIONS / "other" / "layernorm__formula.py").notes

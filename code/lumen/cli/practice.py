@@ -105,6 +105,8 @@ def _check(practice, ex, path: Path, args: argparse.Namespace) -> int:
             print(_wrap(f"hint: {ex.hint(o.hint)}", 10))
         elif o.status == "skipped":
             print(_wrap(f"({o.seen})", 10))
+    for note in report.notes:
+        print(_wrap(f"note: {note}", 2, first=0))
     n = {s: sum(o.status == s for o in report.outcomes) for s in MARKS}
     if report.passed:
         checks = f"{n['passed']} check{'s' if n['passed'] > 1 else ''}"

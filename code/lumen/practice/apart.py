@@ -50,6 +50,7 @@ class Sandbox:
         self.pid, self.wfd, self.rfd = 0, -1, -1
         self.left = timeout
         self.stopped: Stopped | None = None
+        self.lumens: dict[str, str] = {}   # a name asked for -> lumen's own code it is (imported)
 
     def __enter__(self) -> Learner:
         if not self.path.is_file():
@@ -57,7 +58,7 @@ class Sandbox:
                                    f"{self.exercise.name}`)")
         self._fork()
         try:
-            self.ask({"op": "load"})
+            reply, _ = self.ask({"op": "load"})
         except Stopped as s:
             self.close()
             raise PracticeError(f"{self.path}: importing it {s.what} ({s.advice})") from None
@@ -68,7 +69,14 @@ class Sandbox:
         except BaseException:
             self.close()
             raise
+        lumens = reply.get("lumens")
+        self.lumens = {str(k)[:100]: str(v)[:200] for k, v in lumens.items()} if isinstance(lumens, dict) else {}
         return Learner(self)
+
+    def notes(self) -> list[str]:
+        """What the report says besides the checks: the names that are lumen's own code, imported."""
+        return [f"{name} is lumen's own {dotted}, imported rather than written in your file: the checks ran "
+                "lumen's code (write your own to practise)" for name, dotted in self.lumens.items()]
 
     def __exit__(self, *exc: object) -> None:
         self.close()

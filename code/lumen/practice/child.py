@@ -75,7 +75,7 @@ class LearnerSide:
         op = header.get("op")
         if op == "load":
             self.objects[0] = load(self.path, self.exercise)
-            return {"ok": True}
+            return {"ok": True, "lumens": self._lumens()}
         if op == "seed":
             torch.manual_seed(header["seed"])
             random.seed(header["seed"])
@@ -92,6 +92,18 @@ class LearnerSide:
         args, kwargs = unpacker.value(header["args"]), unpacker.value(header["kwargs"])
         value = target(*args, **kwargs)
         return {"value": packer.value(value), "models": [self._changes(i, packer) for i in range(len(self.models))]}
+
+    def _lumens(self) -> dict[str, str]:
+        """The names asked for that are lumen's own code, imported (a class whose forward is lumen's too)."""
+        out = {}
+        for s in self.exercise.specs:
+            obj = getattr(self.objects[0], s.name)
+            for part in (obj, getattr(obj, "forward", None) if inspect.isclass(obj) else None):
+                module = getattr(part, "__module__", None) or ""
+                if module == "lumen" or module.startswith("lumen."):
+                    out[s.name] = f"{module}.{getattr(part, '__qualname__', s.name)}"
+                    break
+        return out
 
     @torch.no_grad()
     def _sync(self, sync: dict, unpacker: wire.Unpacker) -> None:

@@ -178,6 +178,7 @@ class Outcome:
 class Report:
     exercise: Exercise
     outcomes: list[Outcome]
+    notes: list[str] = field(default_factory=list)   # e.g. a name the learner imported from lumen
 
     @property
     def passed(self) -> bool:
@@ -222,7 +223,7 @@ def run(exercise: Exercise, learner: Any, seed: int = 0, smollm2: Callable[[], A
             continue
         if check.gate:
             blocked = "fix the failure above first"
-    return Report(exercise, outcomes)
+    return Report(exercise, outcomes, box.notes() if box is not None else [])
 
 
 def _raised(e: Exception, learner: Any, check: Check) -> Outcome:
