@@ -33,8 +33,10 @@ def _ids(paths: list[Path]) -> list[str]:
 
 
 def _run(path: Path, smollm2=None) -> practice.Report:
+    """The checks as `lumen practice check` runs them: the file's code in a process of its own."""
     ex = practice.exercise(_name(path.stem))
-    return practice.run(ex, practice.load(path, ex), 0, smollm2)
+    with practice.Sandbox(path, ex, smollm2=smollm2) as learner:
+        return practice.run(ex, learner, 0, smollm2)
 
 
 def test_every_exercise_has_a_reference_and_every_hint_a_wrong_solution():

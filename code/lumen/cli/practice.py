@@ -5,6 +5,9 @@
   lumen practice check NAME [FILE]         run the checks on your file (exit 0 only when all pass)
   lumen practice hint NAME                 what to write, and the mistakes people make
   lumen practice solution NAME             lumen's own code for it, by file and line
+
+`check` runs your code in a process of its own, at most --timeout seconds per check (60) and --memory GiB (4):
+ending that process, running past the time or patching what the checks use fails the check; it never passes.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     check.add_argument("name", metavar="NAME")
     check.add_argument("file", metavar="FILE", nargs="?", help="your file (default: NAME.py here)")
     check.add_argument("--seed", type=int, default=0, help="the random inputs' seed")
+    check.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="how long your code may run in one check (default 60)")
+    check.add_argument("--memory", type=float, default=4.0, metavar="GIB",
+                       help="how much memory your code may use, in GiB (default 4)")
     hint = actions.add_parser("hint", help="what to write, and the mistakes people make")
     hint.add_argument("name", metavar="NAME")
     solution = actions.add_parser("solution", help="lumen's own code for an exercise, by file and line")
@@ -63,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
         for loc in practice.solutions(ex.name):
             print(f"# {loc.name}: {loc}\n{textwrap.dedent(loc.source())}\n")
         return 0
-    return _check(practice, ex, Path(args.file) if args.file else Path(ex.file_name), args.seed)
+    for flag, value in (("--timeout", args.timeout), ("--memory", args.memory)):
+        if not value > 0 or value == float("inf"):
+            raise UserError(f"{flag} {value:g}: give a number above 0")
+    return _check(practice, ex, Path(args.file) if args.file else Path(ex.file_name), args)
 
 
 def _start(ex, folder: Path) -> int:
@@ -84,16 +94,19 @@ def _start(ex, folder: Path) -> int:
 MARKS = {"passed": "ok     ", "failed": "FAILED ", "skipped": "skipped"}
 
 
-def _check(practice, ex, path: Path, seed: int) -> int:
-    report = practice.check_file(ex.name, path, seed)
+def _check(practice, ex, path: Path, args: argparse.Namespace) -> int:
+    """Your code runs in a process of its own (lumen.practice.apart); the verdict is made here."""
+    report = practice.check_file(ex.name, path, args.seed, timeout=args.timeout, memory=args.memory)
     print(f"{ex.name} ({ex.section}): {path}")
     for o in report.outcomes:
         print(f"  {MARKS[o.status]} {o.check}")
         if o.status == "failed":
             print(_wrap(f"seen: {o.seen}", 10))
-            print(_wrap(f"hint: {ex.hints[o.hint]}", 10))
+            print(_wrap(f"hint: {ex.hint(o.hint)}", 10))
         elif o.status == "skipped":
             print(_wrap(f"({o.seen})", 10))
+    for note in report.notes:
+        print(_wrap(f"note: {note}", 2, first=0))
     n = {s: sum(o.status == s for o in report.outcomes) for s in MARKS}
     if report.passed:
         checks = f"{n['passed']} check{'s' if n['passed'] > 1 else ''}"

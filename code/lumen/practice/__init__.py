@@ -13,6 +13,11 @@ mistake with a targeted hint. `lumen practice list|start|check|hint|solution` is
     >>> report.passed, [o.hint for o in report.failed]                # doctest: +SKIP
     (False, ['unbiased'])
 
+`check_file` runs the learner's code apart (apart.py): in a process of its own, with a time and a memory
+limit, answering the checks' inputs with plain data; lumen's reference and the comparisons stay in the
+checker's process, where the learner's code cannot reach them. `run(exercise, load(path, exercise))` runs a
+trusted file (lumen's own solutions) in this process.
+
 The checks use torch and lumen alone (no test framework), so they run from a plain install; the two that
 read SmolLM2 (logit-lens, kv-memory) load it with lumen.formats.load("smollm2") from lumen's cache.
 """
@@ -26,6 +31,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..formats import Loaded
 from ..formats import load as load_model
+from .apart import MEMORY, TIMEOUT, Sandbox
 from .blocks import BLOCK, DROPOUT, INIT, POST_LN
 from .counting import COUNT, FLOPS
 from .exercise import Check, Exercise, Mistake, Outcome, Report, Spec, run
@@ -41,8 +47,8 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in (
     COUNT, DROPOUT, INIT, FLOPS,
 )}
 
-__all__ = ["EXERCISES", "Check", "Exercise", "Location", "Mistake", "Outcome", "PracticeError", "Report", "Spec",
-           "check_file", "exercise", "load", "run", "solutions", "where"]
+__all__ = ["EXERCISES", "Check", "Exercise", "Location", "Mistake", "Outcome", "PracticeError", "Report", "Sandbox",
+           "Spec", "check_file", "exercise", "load", "run", "solutions", "where"]
 
 
 def exercise(name: str) -> Exercise:
@@ -54,10 +60,14 @@ def exercise(name: str) -> Exercise:
     raise UserError(f"no exercise called {name!r}: {hint}")
 
 
-def check_file(name: str, path: str | Path, seed: int = 0, smollm2: bool = True) -> Report:
-    """Load the learner's file for exercise `name` and run its checks (SmolLM2 loaded when they need it)."""
+def check_file(name: str, path: str | Path, seed: int = 0, smollm2: bool = True, timeout: float = TIMEOUT,
+               memory: float = MEMORY) -> Report:
+    """Run the checks of exercise `name` on the learner's file, its code run apart: `timeout` seconds of it per
+    check, `memory` GiB (SmolLM2 loaded when the checks need it)."""
     ex = exercise(name)
-    return run(ex, load(path, ex), seed, _smollm2 if smollm2 else None)
+    load_smollm2 = _smollm2 if smollm2 else None
+    with Sandbox(path, ex, timeout, memory, load_smollm2) as learner:
+        return run(ex, learner, seed, load_smollm2)
 
 
 @functools.cache

@@ -4,12 +4,18 @@ An exercise names what the learner's file must define (`Spec`), holds its checks
 "task" (the nudge: what to write) first, then one hint per mistake people make. A check passes by returning;
 it fails by raising `Mistake(seen, hint)`: what it saw, and the key of the hint that answers it. A check
 that fails stops the checks after it (they are reported as skipped) unless it is marked `gate=False`
-(independent questions, e.g. several numbers asked in one exercise). `run(exercise, learner_module)` gives a
+(independent questions, e.g. several numbers asked in one exercise). `run(exercise, learner)` gives a
 `Report`: its outcomes in order, `passed`, and the `failed` ones with the hint each names.
+
+The learner is the learner's module, or (as `lumen practice check` runs it) apart.Learner, its stand-in for
+the learner's code run in a process of its own: there the learner's code raising is a `Raised` (its type,
+message and line), and the process ending or running out of time a `Stopped`, after which nothing more can
+be checked.
 """
 
 from __future__ import annotations
 
+import builtins
 import os
 import traceback
 from collections.abc import Callable
@@ -27,6 +33,63 @@ class Mistake(Exception):
     def __init__(self, seen: str, hint: str = "task"):
         super().__init__(seen)
         self.seen, self.hint = seen, hint
+
+
+class Raised(Exception):
+    """The learner's code raised, in its own process: its type's name, its message and the learner's line.
+
+    `Raised.of` gives an instance that is also the built-in exception it derives from (a RuntimeError stays
+    one), so a check that catches a shape error still catches it; SystemExit and the like become plain
+    Exceptions here: only the learner's process may end."""
+
+    kind, message = "Exception", ""
+    where: str | None = None
+
+    @staticmethod
+    def of(raised: object) -> Raised:
+        info = raised if isinstance(raised, dict) else {}
+        kind, base = str(info.get("type", "Exception"))[:100], str(info.get("base", ""))
+        builtin = getattr(builtins, base, None)
+        cls: type[Raised] = Raised
+        if isinstance(builtin, type) and issubclass(builtin, Exception) and builtin is not Exception:
+            try:
+                cls = _RAISED.setdefault((kind, base), type(kind, (Raised, builtin), {"__module__": "learner"}))
+            except TypeError:   # a built-in whose layout cannot be mixed in (OSError's family)
+                pass
+        e = cls(_one_line(str(info.get("message", ""))))
+        e.kind, e.message = kind, _one_line(str(info.get("message", "")))
+        e.where = str(info["where"])[:300] if isinstance(info.get("where"), str) else None
+        return e
+
+
+_RAISED: dict[tuple[str, str], type[Raised]] = {}
+ENDING = ("SystemExit", "KeyboardInterrupt", "GeneratorExit")
+
+
+class Stopped(Exception):
+    """The learner's process is gone: it ended, ran out of time, or sent what is not an answer."""
+
+    ADVICE = {"ended": "remove the exit: importing the file must only define your answers"}
+
+    def __init__(self, what: str, hint: str):
+        super().__init__(what)
+        self.what, self.hint = what, hint
+        self.advice = self.ADVICE.get(hint, "fix it and check again")
+
+    @property
+    def seen(self) -> str:
+        return f"your code {self.what}" + (" before the checks finished" if self.what.startswith("ended") else "")
+
+
+# the hints of any exercise: what the learner's code did to the process it runs in
+PROCESS_HINTS = {
+    "ended": "Return your answer: os._exit, sys.exit, exit(), quit() and raising SystemExit end the process your "
+             "code runs in, so the checks see no answer (and never a pass).",
+    "timeout": "Your code runs with a time limit per check (--timeout, 60 s by default): look for a loop that never "
+               "ends, a sleep or an input(); if it is only slow, give it more with --timeout.",
+    "memory": "Your code runs with a memory limit (--memory, 4 GiB by default): look for a tensor far bigger than "
+              "the inputs; if it really needs more, give it more with --memory.",
+}
 
 
 @dataclass(frozen=True)
@@ -87,6 +150,10 @@ class Exercise:
     def file_name(self) -> str:
         return self.name.replace("-", "_") + ".py"
 
+    def hint(self, key: str) -> str:
+        """The text of hint `key`: the exercise's own, or one about the process the learner's code ran in."""
+        return self.hints.get(key) or PROCESS_HINTS[key]
+
     @property
     def reads_smollm2(self) -> bool:
         return any(c.smollm2 for c in self.checks)
@@ -111,6 +178,7 @@ class Outcome:
 class Report:
     exercise: Exercise
     outcomes: list[Outcome]
+    notes: list[str] = field(default_factory=list)   # e.g. a name the learner imported from lumen
 
     @property
     def passed(self) -> bool:
@@ -121,15 +189,17 @@ class Report:
         return [o for o in self.outcomes if o.status == "failed"]
 
 
-def run(exercise: Exercise, learner: ModuleType, seed: int = 0, smollm2: Callable[[], Any] | None = None) -> Report:
-    """Every check of `exercise` on the loaded learner module, in order. SmolLM2's checks need `smollm2`, a
-    function giving `lumen.formats.load("smollm2")` (called when first needed); without it they are skipped."""
-    ctx = Context(seed, smollm2)
+def run(exercise: Exercise, learner: Any, seed: int = 0, smollm2: Callable[[], Any] | None = None) -> Report:
+    """Every check of `exercise` on the learner's module (or apart.Learner, its stand-in), in order. SmolLM2's
+    checks need `smollm2`, a function giving `lumen.formats.load("smollm2")` (called when first needed);
+    without it they are skipped."""
+    box = getattr(learner, "__dict__", {}).get("_lumen_box")   # the learner's code runs apart (apart.Sandbox)
+    ctx = Context(seed, box.watch(smollm2) if box is not None and smollm2 is not None else smollm2)
     outcomes: list[Outcome] = []
-    blocked = False
+    blocked: str | None = None
     for i, check in enumerate(exercise.checks):
         if blocked:
-            outcomes.append(Outcome(check.name, "skipped", "fix the failure above first"))
+            outcomes.append(Outcome(check.name, "skipped", blocked))
             continue
         if check.smollm2 and smollm2 is None:
             outcomes.append(Outcome(check.name, "skipped", "needs SmolLM2 (not loaded in this run)"))
@@ -137,22 +207,42 @@ def run(exercise: Exercise, learner: ModuleType, seed: int = 0, smollm2: Callabl
         try:
             with torch.random.fork_rng():   # the learner's code may draw from torch's generator: ours stays put
                 torch.manual_seed(seed * 1000 + i)
+                if box is not None:
+                    box.begin(seed * 1000 + i)
                 check.run(learner, ctx)
         except Mistake as m:
             outcomes.append(Outcome(check.name, "failed", m.seen, m.hint))
+        except Stopped as s:
+            outcomes.append(Outcome(check.name, "failed", s.seen, s.hint))
+            blocked = "nothing more can be checked: your code's process is gone"
+            continue
         except Exception as e:  # noqa: BLE001  (the learner's code raised: that is what the check saw)
-            where = _learner_line(e, learner)
-            if (where is None and not isinstance(e, NotImplementedError)) or os.environ.get("LUMEN_DEBUG"):
-                raise   # raised by lumen's own check, not the learner's code: a bug in lumen
-            seen = ("not written yet (it raises NotImplementedError)" if isinstance(e, NotImplementedError)
-                    else f"your code raised {type(e).__name__}: {_one_line(e)} ({where})")
-            outcomes.append(Outcome(check.name, "failed", seen,
-                                    "task" if isinstance(e, NotImplementedError) else check.hint))
+            outcomes.append(_raised(e, learner, check))
         else:
             outcomes.append(Outcome(check.name, "passed"))
             continue
-        blocked = check.gate
-    return Report(exercise, outcomes)
+        if check.gate:
+            blocked = "fix the failure above first"
+    return Report(exercise, outcomes, box.notes() if box is not None else [])
+
+
+def _raised(e: Exception, learner: Any, check: Check) -> Outcome:
+    """What a check saw when the learner's code raised e (raised again when lumen's own check raised it)."""
+    if isinstance(e, Raised):
+        kind, message, where = e.kind, e.message, e.where
+    else:
+        kind, message, where = type(e).__name__, _one_line(e), _learner_line(e, learner)
+        if (where is None and not isinstance(e, NotImplementedError)) or os.environ.get("LUMEN_DEBUG"):
+            raise e   # raised by lumen's own check, not the learner's code: a bug in lumen
+    at = f" ({where})" if where else ""
+    if kind == "NotImplementedError":
+        return Outcome(check.name, "failed", "not written yet (it raises NotImplementedError)", "task")
+    if kind in ENDING:
+        return Outcome(check.name, "failed", f"your code raised {kind}({message!r}){at} instead of returning an "
+                       "answer", "ended")
+    if kind == "MemoryError" or "can't allocate memory" in message or "not enough memory" in message:
+        return Outcome(check.name, "failed", f"your code ran out of memory{at}: {message}", "memory")
+    return Outcome(check.name, "failed", f"your code raised {kind}: {message}{at}", check.hint)
 
 
 def _learner_line(e: BaseException, learner: ModuleType) -> str | None:
@@ -164,6 +254,6 @@ def _learner_line(e: BaseException, learner: ModuleType) -> str | None:
     return f"{Path(path).name} line {frames[-1].lineno}" if frames else None
 
 
-def _one_line(e: BaseException) -> str:
+def _one_line(e: BaseException | str) -> str:
     text = " ".join(str(e).split())
     return text if len(text) <= 200 else text[:197] + "..."

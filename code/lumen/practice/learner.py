@@ -40,7 +40,7 @@ def load(path: str | Path, exercise: Exercise) -> ModuleType:
         spec.loader.exec_module(module)
     except SyntaxError as e:
         raise PracticeError(f"{path}:{e.lineno}: syntax error: {e.msg} (fix it and check again)") from None
-    except (Exception, SystemExit) as e:  # noqa: BLE001  (whatever the learner's file raised while importing)
+    except BaseException as e:  # noqa: BLE001  (whatever the learner's file raised while importing, exits too)
         frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path]
         line = f":{frames[-1].lineno}" if frames else ""
         raise PracticeError(f"{path}{line}: importing it raised {type(e).__name__}: {_short(e)} "
