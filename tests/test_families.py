@@ -4,17 +4,20 @@ after every block and the logits agree to 1e-5, greedy decoding with the KV cach
 transformers' generate, and a lumen model written as a HF directory loads in transformers."""
 
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import GemmaConfig, Qwen2Config
 
-from helpers.families import V
+from helpers.families import HF_CLASSES, SHAPES, V
 from lumen import GPT, ModelConfig
 from lumen.accounting import count, formula
 from lumen.block import ParallelBlock
 from lumen.errors import ConfigError, ModelFileError, UserError
-from lumen.formats.hf import config_from_hf
+from lumen.formats import load
+from lumen.formats.hf import config_from_hf, from_hf_model, save_hf_dir
 from lumen.inspect import (
     LogitLens,
     deletion_table,
@@ -31,6 +34,9 @@ from lumen.inspect import (
 
 PUBLISHED = {  # total parameters as the model cards / the Pythia paper give them
     "pythia-70m": 70_426_624, "qwen2-0.5b": 494_032_768, "gemma-2b": 2_506_172_416, "mistral-7b": 7_241_732_096,
+}
+PUBLISHED |= {  # families-b: the model cards' totals (Gemma 2: its technical report; SmolLM3: the hub's count)
+    "gemma2-2b": 2_614_341_888, "gemma2-9b": 9_241_705_984, "smollm3-3b": 3_075_098_624,
 }
 
 
@@ -145,3 +151,86 @@ def test_family_settings_that_cannot_work_are_clear_errors():
     gemma = GemmaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4).to_dict()
     with pytest.raises(ModelFileError, match="Gemma hidden_act 'relu'"):
         config_from_hf(gemma | {"hidden_act": "relu"})
+
+
+# --- families-b: Gemma 2, SmolLM3 (and later Gemma 3, the mixture of experts) against transformers -------------
+# tiny random-weight models from transformers' own config classes (helpers.families.SHAPES); every test below
+# runs on each of them
+
+FAMILIES_B = [n for n in SHAPES if n.split("-")[0] in ("gemma2", "smollm3", "gemma3", "qwen3moe")]
+
+
+def _hf_and_lumen(name, dtype=torch.float32):
+    torch.manual_seed(0)
+    hf = SHAPES[name]().eval()
+    hf.config._attn_implementation = "eager"
+    with torch.no_grad():  # HF inits norms to 0/1: randomise them (and the routers) so that they are tested too
+        for p in hf.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    ours = from_hf_model(hf)
+    return hf.to(dtype), ours.to(dtype)
+
+
+def _relative(a, b):
+    """||a - b|| / ||b|| over all the logits."""
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("name", FAMILIES_B)
+def test_family_logits_match_transformers_in_float32_float64_and_bfloat16(name):
+    idx = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(1))
+    errors = {}
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        hf, ours = _hf_and_lumen(name, dtype)
+        with torch.no_grad():
+            errors[dtype] = _relative(ours(idx)[0].double(), hf(idx).logits.double())
+    # float64: what is left is float32 rounding inside both (HF's Gemma norms, both sides' RoPE tables), no bug
+    assert errors[torch.float64] < 1e-6, errors
+    assert errors[torch.float32] < 5e-5, errors
+    assert errors[torch.bfloat16] < 1e-2, errors
+
+
+@pytest.mark.parametrize("name", FAMILIES_B)
+def test_family_greedy_decoding_matches_transformers_for_32_steps(name):
+    """32 steps past a prompt of 6: well past every tiny window, so the per-layer windows slide in the cache."""
+    hf, ours = _hf_and_lumen(name)
+    prompt = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(2))
+    ref = hf.generate(prompt, max_new_tokens=32, do_sample=False, pad_token_id=0, eos_token_id=None,
+                      attention_mask=torch.ones_like(prompt))
+    assert torch.equal(ours.generate(prompt, 32, temperature=0), ref)
+
+
+@pytest.mark.parametrize("name", FAMILIES_B)
+def test_family_padded_batch_is_each_prompt_alone(name):
+    _, ours = _hf_and_lumen(name)
+    g = torch.Generator().manual_seed(4)
+    long, short = torch.randint(0, V, (1, 20), generator=g), torch.randint(0, V, (1, 13), generator=g)
+    for side in ("left", "right"):
+        pad = torch.zeros(1, 7, dtype=torch.long)
+        batch = torch.cat((long, torch.cat((pad, short) if side == "left" else (short, pad), dim=1)))
+        real = torch.ones_like(batch, dtype=torch.bool)
+        if side == "left":
+            real[1, :7] = False
+        else:
+            real[1, 13:] = False
+        with torch.no_grad():
+            both = ours(batch, mask=real)[0]
+            alone_long, alone_short = ours(long)[0], ours(short)[0]
+        torch.testing.assert_close(both[0], alone_long[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(both[1][real[1]], alone_short[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", FAMILIES_B)
+def test_family_round_trip_through_a_hf_directory(name, tmp_path):
+    hf, ours = _hf_and_lumen(name)
+    out = save_hf_dir(ours, tmp_path / "model")
+    c = json.loads((out / "config.json").read_text())
+    assert c["model_type"] == hf.config.model_type
+    reloaded_hf = HF_CLASSES[c["model_type"]].from_pretrained(out, attn_implementation="eager").eval()
+    back = load(out).model
+    idx = torch.randint(0, V, (1, 30), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded_hf(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
+        assert torch.equal(back(idx)[0], ours(idx)[0])
+    assert back.cfg == ours.cfg

@@ -67,6 +67,21 @@ class RoPE(nn.Module):
         return torch.cat(rotated + (rest,) if rest.size(-1) else rotated, dim=-1)
 
 
+class SoftCap(nn.Module):
+    """Soft-capping (Gemma 2): x -> cap * tanh(x / cap). Near 0 it is the identity; large values are squashed
+    smoothly into (-cap, cap), so no attention score or logit runs away (and none is clipped flat)."""
+
+    def __init__(self, cap: float):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cap * torch.tanh(x / self.cap)
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap}"
+
+
 class Padding:
     """Which tokens of a padded batch are real. Prompts of different lengths run side by side once the
     shorter ones are filled up with padding tokens (on the left or on the right); `real` (B, S) is True at
@@ -184,9 +199,12 @@ class MultiHeadAttention(nn.Module):
         head_dim: int | None = None,
         qkv_bias: bool | None = None,
         window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ):
         """head_dim defaults to d_model / n_heads; qkv_bias (default: bias) puts biases on W_Q, W_K, W_V
-        alone; window: each query sees only the last `window` keys, itself included."""
+        alone; window: each query sees only the last `window` keys, itself included; scale: what q.k is
+        multiplied by (default 1 / sqrt(head_dim)); softcap: scores squashed to softcap * tanh(scores / softcap)."""
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
         self.head_dim = head_dim or d_model // n_heads
@@ -198,6 +216,8 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(q_dim, d_model, bias=bias)     # W_O: writes the heads back into the stream
         self.rope = rope
         self.window = window
+        self.scale = scale if scale is not None else 1 / math.sqrt(self.head_dim)
+        self.softcap = SoftCap(softcap) if softcap is not None else None
         self.dropout = dropout
         self.scores = nn.Identity()   # named places for the scores before the softmax and for the attention
         self.pattern = nn.Identity()  # weights (plain path only: lumen.inspect's hooks)
@@ -205,10 +225,13 @@ class MultiHeadAttention(nn.Module):
         self.use_sdpa = True
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> MultiHeadAttention:
-        rope = RoPE(cfg.rotary_dims, cfg.context, cfg.rope_theta) if cfg.positions == "rope" else None
+    def from_config(cls, cfg: ModelConfig, layer: int = 0) -> MultiHeadAttention:
+        """Block `layer`'s attention: its window and its RoPE base (or none) may differ from block to block."""
+        theta = cfg.rope_base(layer)
+        rope = RoPE(cfg.rotary_dims, cfg.context, theta) if theta is not None else None
+        scale = cfg.query_pre_attn_scalar**-0.5 if cfg.query_pre_attn_scalar is not None else None
         return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.bias, rope, cfg.dropout,
-                   cfg.head_dim, cfg.bias or cfg.qkv_bias, cfg.sliding_window)
+                   cfg.head_dim, cfg.bias or cfg.qkv_bias, cfg.window(layer), scale, cfg.attn_softcap)
 
     def forward(
         self, x: torch.Tensor, mask: Padding | None = None, cache: LayerCache | None = None
@@ -228,7 +251,8 @@ class MultiHeadAttention(nn.Module):
         allowed = None if plain_causal else visible(slots, k.size(2), mask, self.window)
         # one query (a decoding step) is a pair of small products: plain is faster than the fused
         # kernel there, and compiles into a few fused loops
-        attend = self.attend_sdpa if self.use_sdpa and T > 1 else self.attend_plain
+        # (soft-capping is not in the fused kernel: a capped model always takes the plain path)
+        attend = self.attend_sdpa if self.use_sdpa and T > 1 and self.softcap is None else self.attend_plain
         y = attend(q, k, v, allowed)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -236,7 +260,10 @@ class MultiHeadAttention(nn.Module):
         """The readable path: scores, mask, softmax, weighted average of the values."""
         group = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, S, hd)
-        scores = self.scores(q @ k.transpose(-2, -1) / math.sqrt(self.head_dim))     # (B, h, T, S)
+        scores = q @ k.transpose(-2, -1) * self.scale                                # (B, h, T, S)
+        if self.softcap is not None:  # squashed smoothly into (-cap, cap): no score runs away (Gemma 2)
+            scores = self.softcap(scores)
+        scores = self.scores(scores)
         T, S = scores.shape[-2:]
         if allowed is None:  # plain causal: query t sees keys up to its own position
             allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
@@ -250,7 +277,7 @@ class MultiHeadAttention(nn.Module):
     def attend_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None):
         """The same numbers through PyTorch's fused kernel."""
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, is_causal=allowed is None,
+            q, k, v, attn_mask=allowed, is_causal=allowed is None, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_heads != self.n_heads,
         )
 

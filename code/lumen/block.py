@@ -60,8 +60,10 @@ class OffsetRMSNorm(RMSNorm):
         return 1 + self.g
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x / rms * self.gain
+        # Gemma normalises a bf16 stream in float32 and rounds once at the end (float32 and float64: as they are)
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
+        rms = torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 / rms * (1 + self.g.to(x32.dtype))).to(x.dtype)
 
 
 class MLP(nn.Module):
@@ -146,13 +148,16 @@ class TransformerBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> TransformerBlock:
-        """The block of cfg's norm placement (pre, post or parallel), holding the family's parts:
-        its norm, its attention (heads, positions, window) and its MLP."""
-        block_type: type[TransformerBlock] = {"pre": cls, "post": PostLNBlock, "parallel": ParallelBlock}[
-            cfg.norm_placement]
-        return block_type.from_parts(make_norm(cfg), MultiHeadAttention.from_config(cfg), make_norm(cfg),
-                                     make_mlp(cfg), cfg.dropout)
+    def from_config(cls, cfg: ModelConfig, layer: int = 0) -> TransformerBlock:
+        """Block `layer` of cfg's norm placement (pre, post, parallel or sandwich), holding the family's parts:
+        its norm, its attention (heads, positions, this block's window) and its MLP."""
+        block_type: type[TransformerBlock] = {"pre": cls, "post": PostLNBlock, "parallel": ParallelBlock,
+                                              "sandwich": SandwichBlock}[cfg.norm_placement]
+        block = block_type.from_parts(make_norm(cfg), MultiHeadAttention.from_config(cfg, layer), make_norm(cfg),
+                                      make_mlp(cfg), cfg.dropout)
+        if isinstance(block, SandwichBlock):  # the norms on each branch's way out
+            block.ln1_post, block.ln2_post = make_norm(cfg), make_norm(cfg)
+        return block
 
     @classmethod
     def from_parts(cls, ln1: nn.Module, attn: MultiHeadAttention, ln2: nn.Module, mlp: nn.Module,
@@ -193,3 +198,19 @@ class ParallelBlock(TransformerBlock):
 
     def forward(self, x: torch.Tensor, mask: Padding | None = None, cache=None) -> torch.Tensor:
         return x + self.drop(self.attn(self.ln1(x), mask, cache)) + self.mlp(self.ln2(x))
+
+
+class SandwichBlock(TransformerBlock):
+    """Sandwich block (Gemma 2 and 3):  x = x + LN1_post(Attn(LN1(x)));  x = x + LN2_post(MLP(LN2(x)))
+
+    A pre-LN block whose branches are normalised on the way out too: what each branch adds to the
+    stream has a learned per-dimension size, however large the branch's own output grew.
+    """
+
+    ln1_post: nn.Module  # set by from_config
+    ln2_post: nn.Module
+
+    def forward(self, x: torch.Tensor, mask: Padding | None = None, cache=None) -> torch.Tensor:
+        x = x + self.ln1_post(self.drop(self.attn(self.ln1(x), mask, cache)))   # gather, renormalise, write
+        x = x + self.ln2_post(self.mlp(self.ln2(x)))                            # think, renormalise, write
+        return x

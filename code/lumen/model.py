@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import KVCache, MultiHeadAttention, Padding
+from .attention import KVCache, MultiHeadAttention, Padding, RoPE, SoftCap
 from .block import TransformerBlock, make_norm
 from .config import ModelConfig
 from .errors import ModelFileError, UserError
@@ -58,14 +58,18 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model) if cfg.positions == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
-        blocks = [TransformerBlock.from_config(cfg) for _ in range(cfg.n_layers)]
+        blocks = [TransformerBlock.from_config(cfg, i) for i in range(cfg.n_layers)]
         self.blocks = nn.ModuleList(blocks)
-        for block in blocks[1:]:  # RoPE's tables follow from the shape alone: one copy serves every layer
-            block.attn.rope = blocks[0].attn.rope
+        shared: dict[float, RoPE] = {}  # RoPE's tables follow from the shape and base alone: one copy per base
+        for block in blocks:
+            if isinstance(block.attn.rope, RoPE):
+                block.attn.rope = shared.setdefault(block.attn.rope.theta, block.attn.rope)
         # pre-LN (and parallel) blocks never normalise the stream itself, so one last norm before reading
         # it out; post-LN blocks already leave it normalised
         self.ln_f = make_norm(cfg) if cfg.norm_placement != "post" else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the unembedding
+        # Gemma 2 squashes the logits into (-cap, cap) after the unembedding; every other family reads them as they are
+        self.logit_cap = SoftCap(cfg.final_softcap) if cfg.final_softcap is not None else nn.Identity()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.sampling: Sampling | None = None  # the sampling defaults its files carry, if any (lumen.decode)
@@ -125,7 +129,7 @@ class GPT(nn.Module):
         x = self.embed(idx, padding.at(slots) if padding is not None else slots)
         for i, block in enumerate(self.blocks):
             x = block(x, padding, cache.layers[i] if cache is not None else None)
-        logits = self.lm_head(self.ln_f(x))
+        logits = self.logit_cap(self.lm_head(self.ln_f(x)))
         if cache is not None:
             cache.advance(T)
         loss = None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, pattern
 from ..decode import Sampling
 from ..errors import ConfigError, FetchError, MissingFileError, ModelFileError, UserError
 from ..files import atomic_dir, read_json
@@ -39,15 +39,24 @@ if TYPE_CHECKING:
 # lumen's activation names (config.ACTIVATIONS) in Hugging Face's spelling, and back (with HF's aliases)
 HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 FROM_HF_ACTIVATIONS = {v: k for k, v in HF_ACTIVATIONS.items()} | {"gelu_pytorch_tanh": "gelu_tanh", "swish": "silu"}
-FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "gemma", "gpt_neox")
+FAMILIES: tuple[str, ...] = ("gpt2", "llama", "qwen2", "mistral", "gemma", "gpt_neox")
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM", "gpt_neox": "GPTNeoXForCausalLM"}
+# families-b: per-layer windows and RoPE, sandwich norms, soft-capping, mixtures of experts
+FAMILIES_B = ("gemma2", "smollm3")
+FAMILIES += FAMILIES_B
+ARCHITECTURES |= {"gemma2": "Gemma2ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+# lumen's kinds of attention layer (ModelConfig.layer_types) in HF's spelling
+HF_LAYER_TYPES = {"full": "full_attention", "sliding": "sliding_attention"}
 
 
 # ---------------------------------------------------------------------------------------------
 # config.json
 def family(cfg: ModelConfig) -> str:
     """Which Hugging Face architecture can hold this config (one of FAMILIES)."""
+    b = _family_b(cfg)
+    if b is not None:
+        return b
     parts = (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement)
     # GPT-2 and GPT-NeoX: plain multi-head attention over heads that fill d_model, biases everywhere
     mha = cfg.bias and cfg.kv_heads == cfg.n_heads and cfg.n_heads * cfg.head_dim == cfg.d_model
@@ -69,6 +78,107 @@ def family(cfg: ModelConfig) -> str:
         "biases + pre-LN; Llama needs rmsnorm + swiglu + rope + pre-LN (Qwen2: + qkv_bias, Mistral: + sliding_window); "
         "Gemma needs rmsnorm_offset + geglu + scale_embeddings; GPT-NeoX needs layernorm + mlp + rope + biases"
     )
+
+
+def _family_b(cfg: ModelConfig) -> str | None:
+    """families-b's architectures (FAMILIES_B), or None for the others; a config with one of their details
+    that fits none of them is refused here."""
+    details = (cfg.norm_placement == "sandwich", cfg.layer_types is not None, cfg.rope_local_theta is not None,
+               not all(cfg.rope_layers), cfg.query_pre_attn_scalar is not None, cfg.attn_softcap is not None,
+               cfg.final_softcap is not None, cfg.n_experts is not None)
+    if not any(details):
+        return None
+    plain = cfg.positions == "rope" and cfg.rotary_fraction == 1.0 and not cfg.qkv_bias and not cfg.bias
+    gemma = (cfg.mlp, cfg.norm, cfg.norm_placement) == ("geglu", "rmsnorm_offset", "sandwich") and cfg.scale_embeddings
+    if plain and gemma and all(cfg.rope_layers) and cfg.n_experts is None and cfg.rope_local_theta is None:
+        return "gemma2"
+    llama = (cfg.mlp, cfg.norm, cfg.norm_placement) == ("swiglu", "rmsnorm", "pre") and not cfg.scale_embeddings
+    rest = (cfg.layer_types, cfg.rope_local_theta, cfg.query_pre_attn_scalar, cfg.attn_softcap, cfg.final_softcap,
+            cfg.n_experts, cfg.sliding_window)
+    if plain and llama and all(v is None for v in rest):
+        return "smollm3"
+    raise ModelFileError(
+        f"config {cfg.name!r} matches no Hugging Face architecture: Gemma 2 needs rmsnorm_offset + geglu + sandwich "
+        "norms + scale_embeddings; SmolLM3 is Llama with rope_layers (and none of the other per-layer details)"
+    )
+
+
+def _config_to_hf_b(cfg: ModelConfig, fam: str, out: dict) -> dict:
+    """config.json's keys for families-b's architectures, added to the Llama-style ones in `out`."""
+    if fam == "gemma2":
+        out.pop("hidden_act")
+        types = [HF_LAYER_TYPES[t] for t in cfg.per_layer(cfg.layer_types or (cfg.layer_type(0),))]
+        out |= {"hidden_activation": HF_ACTIVATIONS_GATED[cfg.activation], "attention_bias": False,
+                "query_pre_attn_scalar": _number(cfg.query_pre_attn_scalar or cfg.head_dim),
+                "sliding_window": cfg.sliding_window, "layer_types": types,
+                "attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.final_softcap}
+    if fam == "smollm3":
+        out |= {"attention_bias": False, "mlp_bias": False, "use_sliding_window": False, "sliding_window": None,
+                "no_rope_layers": [int(r) for r in cfg.per_layer(cfg.rope_layers)],  # (HF: 1 = has RoPE)
+                "layer_types": ["full_attention"] * cfg.n_layers,
+                "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}  # (HF's defaults: Llama 3's ids)
+    return out
+
+
+def _number(x: float) -> int | float:
+    """A whole number as an int (HF's strict config fields refuse 256.0 where they expect 256)."""
+    return int(x) if float(x).is_integer() else x
+
+
+# a gated MLP's GELU in HF's spelling (Gemma 2's hidden_activation): the tanh one as HF's Gemma configs name it
+HF_ACTIVATIONS_GATED = HF_ACTIVATIONS | {"gelu_tanh": "gelu_pytorch_tanh"}
+
+
+def _config_from_hf_b(c: dict, kind: str, name: str) -> ModelConfig:
+    """The ModelConfig of a config.json of one of FAMILIES_B."""
+    theta, fraction = _rope(c)
+    if fraction != 1.0:
+        raise ModelFileError(f"{kind} configs with partial rotary ({fraction}) are not supported")
+    for key in ("attention_bias", "mlp_bias", "use_sliding_window", "use_bidirectional_attention"):
+        if c.get(key):
+            raise ModelFileError(f"{kind} configs with {key}=true are not supported")
+    d, h = c["hidden_size"], c["num_attention_heads"]
+    shape = dict(name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=d,
+                 n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
+                 d_head=None if c.get("head_dim") in (None, d / h) else c["head_dim"], d_ff=c["intermediate_size"],
+                 norm_eps=c.get("rms_norm_eps", 1e-6),
+                 positions="rope", rope_theta=theta, bias=False, mlp="swiglu", activation="silu", norm="rmsnorm")
+    n = c["num_hidden_layers"]
+    if kind == "gemma2":
+        types = _layer_types(c, n)
+        window = c.get("sliding_window")
+        act = _activation(c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh", "Gemma 2")
+        if act not in ("gelu_tanh", "gelu"):
+            raise ModelFileError(f"Gemma 2 hidden_activation {act!r} is not supported (only a GELU)")
+        return ModelConfig(**shape | dict(
+            mlp="geglu", activation=act, norm="rmsnorm_offset", norm_placement="sandwich", scale_embeddings=True,
+            tie_embeddings=c.get("tie_word_embeddings", True),
+            layer_types=types if window is not None else None, sliding_window=window,
+            query_pre_attn_scalar=c.get("query_pre_attn_scalar", 256),
+            attn_softcap=c.get("attn_logit_softcapping"), final_softcap=c.get("final_logit_softcapping")))
+    if kind == "smollm3":
+        act = c.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelFileError(f"SmolLM3 hidden_act {act!r} is not supported (only silu)")
+        flags = c.get("no_rope_layers")
+        if flags is None:  # HF's default: every no_rope_layer_interval-th block without RoPE
+            every = c.get("no_rope_layer_interval", 4)
+            flags = [int((i + 1) % every != 0) for i in range(n)]
+        if not isinstance(flags, list) or len(flags) != n or not set(flags) <= {0, 1}:
+            raise ModelFileError(f"'no_rope_layers' must list 1 (RoPE) or 0 (none) for each of the {n} layers, "
+                                 f"got {flags!r}")
+        return ModelConfig(**shape | dict(tie_embeddings=c.get("tie_word_embeddings", True),
+                                          rope_layers=pattern([bool(f) for f in flags])))
+    raise AssertionError(kind)
+
+
+def _layer_types(c: dict, n: int) -> tuple[str, ...]:
+    """config.json's layer_types in lumen's spelling (HF's default: sliding, full, sliding, ...)."""
+    types = c.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    back = {v: k for k, v in HF_LAYER_TYPES.items()}
+    if not isinstance(types, list) or len(types) != n or not all(t in back for t in types):
+        raise ModelFileError(f"'layer_types' must give {' or '.join(back)} for each of the {n} layers, got {types!r}")
+    return pattern([back[t] for t in types])
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -105,6 +215,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         out["sliding_window"] = cfg.sliding_window
     if fam == "qwen2":
         out |= {"use_sliding_window": False, "sliding_window": None}
+    if fam in FAMILIES_B:
+        out = _config_to_hf_b(cfg, fam, out)
     return out
 
 
@@ -130,6 +242,7 @@ def _activation(act: str, kind: str) -> str:
 _HF_INTS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "hidden_size", "intermediate_size",
             "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "head_dim")
 _HF_FLOATS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_theta", "rotary_emb_base", "rotary_pct")
+_HF_OPTIONAL_FLOATS = ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")  # null: none
 _HF_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "scale_attn_by_inverse_layer_idx",
              "reorder_and_upcast_attn")
 _HF_REQUIRED = {"gpt2": ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"),
@@ -144,7 +257,8 @@ def check_hf_config(c: object) -> None:
     kind = c.get("model_type")
     if not isinstance(kind, str):
         raise ModelFileError(f"'model_type' must be a string such as \"llama\", got {kind!r}")
-    for key in _HF_REQUIRED.get("llama" if kind in ("mistral", "qwen2", "gemma", "gpt_neox") else kind, ()):
+    llama_like = ("mistral", "qwen2", "gemma", "gpt_neox", *FAMILIES_B)
+    for key in _HF_REQUIRED.get("llama" if kind in llama_like else kind, ()):
         if c.get(key) is None:
             raise ModelFileError(f"the config lacks {key!r}, which a {kind} model needs")
     for keys, ok, what in ((_HF_INTS, lambda v: isinstance(v, int) and v > 0, "a positive whole number"),
@@ -155,6 +269,10 @@ def check_hf_config(c: object) -> None:
             if (v is not None or keys is _HF_FLOATS and key in c) and (isinstance(v, bool) != (keys is _HF_BOOLS)
                                                                        or not ok(v)):
                 raise ModelFileError(f"{key!r} must be {what}, got {v!r}")
+    for key in _HF_OPTIONAL_FLOATS:
+        v = c.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+            raise ModelFileError(f"{key!r} must be a positive number or null, got {v!r}")
     for key in ("rope_parameters", "rope_scaling"):
         if not isinstance(c.get(key), (dict, type(None))):
             raise ModelFileError(f"{key!r} must be an object, got {c[key]!r}")
@@ -217,6 +335,8 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
             bias=bool(c.get("attention_bias", False)) and kind != "qwen2", qkv_bias=kind == "qwen2",
             tie_embeddings=c.get("tie_word_embeddings", gemma), scale_embeddings=gemma, sliding_window=window,
         )
+    if kind in FAMILIES_B:
+        return _config_from_hf_b(c, kind, name)
     raise ModelFileError(f"Hugging Face model_type {kind!r} is not supported; supported: {', '.join(FAMILIES)}")
 
 
@@ -255,6 +375,13 @@ _TOP = {
     "llama": _LLAMA_TOP, "qwen2": _LLAMA_TOP, "mistral": _LLAMA_TOP, "gemma": _LLAMA_TOP,
 }
 _BLOCKS = {"gpt2": ("transformer.h", _GPT2_BLOCK), "gpt_neox": ("gpt_neox.layers", _NEOX_BLOCK)}
+# families-b: Gemma 2's sandwich (a norm before and after each branch); SmolLM3 is Llama's layout
+_GEMMA2_BLOCK = _LLAMA_BLOCK | {
+    "ln1_post.g": "post_attention_layernorm.weight", "ln2.g": "pre_feedforward_layernorm.weight",
+    "ln2_post.g": "post_feedforward_layernorm.weight",
+}
+_TOP |= {"gemma2": _LLAMA_TOP, "smollm3": _LLAMA_TOP}
+_BLOCKS |= {"gemma2": ("model.layers", _GEMMA2_BLOCK)}
 _FUSED_QKV = {"gpt2": "attn.c_attn", "gpt_neox": "attention.query_key_value"}
 
 
