@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from .. import names
-from ..block import ParallelBlock, PostLNBlock, TransformerBlock
+from ..block import ParallelBlock, PostLNBlock, SandwichBlock, TransformerBlock
 from ..errors import UserError
 from ..model import GPT, plain_attention
 from ..tokenizers import Batch
@@ -121,6 +121,8 @@ def place(model: GPT, name: str) -> Place:
         "k": Place(attn.k, "out", attn.n_kv_heads), "v": Place(attn.v, "out", attn.n_kv_heads),
         "mlp_hidden": Place(block.mlp.down, "pre"),
     }
+    if isinstance(block, SandwichBlock):  # what is added to the stream: each branch after its norm on the way out
+        simple |= {"attn_out": Place(block.ln1_post, "out"), "mlp_out": Place(block.ln2_post, "out")}
     if kind in simple:
         return simple[kind]
     if kind in SCALES:
