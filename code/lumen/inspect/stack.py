@@ -11,7 +11,8 @@ the value the forward pass used at each position (`Readout.frozen`), their read-
 model's own logits, less the norm's bias, which is counted once (a soft-capped model's logits before the cap:
 the cap is not linear, so the writes add up to what it squashes). `accumulated` stacks the stream after
 the embedding and after every block; each row is read with its own scale, as if the model ended there (and
-capped, as the model's logits are): that is the logit lens, here for chosen tokens or a logit difference, per layer and position.
+capped, as the model's logits are): that is the logit lens, here for chosen tokens or a logit difference,
+per layer and position.
 
     >>> model = GPT.from_preset("baby-llama", n_layers=2).eval()
     >>> idx = torch.tensor([[1, 2, 3, 4]])
