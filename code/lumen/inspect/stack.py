@@ -207,7 +207,8 @@ def out_norm_factor(model: GPT, layer: int, z: torch.Tensor) -> torch.Tensor | f
         return 1.0
     attn = model.attention(layer)
     before = attn.out(z.flatten(-2).to(attn.out.weight.dtype))                   # attention's output, pre-norm
-    return block.ln1_post.gain.to(before.dtype) / norm_scale(block.ln1_post, before)
+    gain: torch.Tensor = block.ln1_post.gain  # type: ignore[assignment]  # (a norm: RMSNorm or OffsetRMSNorm)
+    return gain.to(before.dtype) / norm_scale(block.ln1_post, before)
 
 
 def check_sum_of_writes(model: GPT) -> None:
