@@ -17,7 +17,7 @@ from lumen.accounting import count, formula
 from lumen.block import ParallelBlock
 from lumen.errors import ConfigError, ModelFileError, UserError
 from lumen.formats import load
-from lumen.formats.hf import config_from_hf, from_hf_model, save_hf_dir
+from lumen.formats.hf import config_from_hf, config_to_hf, from_hf_model, save_hf_dir
 from lumen.inspect import (
     LogitLens,
     deletion_table,
@@ -38,6 +38,31 @@ PUBLISHED = {  # total parameters as the model cards / the Pythia paper give the
 PUBLISHED |= {  # families-b: the model cards' totals (Gemma 2: its technical report; SmolLM3: the hub's count)
     "gemma2-2b": 2_614_341_888, "gemma2-9b": 9_241_705_984, "smollm3-3b": 3_075_098_624,
 }
+
+
+# families-a: the totals of the model cards / the hub's safetensors headers. GPT-J's card says 6,053,381,344, 2,498,560
+# more than the tensors transformers' GPTJForCausalLM (and the hub's checkpoint) hold: the test below counts those
+PUBLISHED |= {
+    "llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824, "llama3.1-8b": 8_030_261_248,
+    "qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "qwen2.5-7b": 7_615_616_512,
+    "qwen3-0.6b": 596_049_920, "qwen3-1.7b": 1_720_574_976, "olmo2-7b": 7_298_617_344, "phi3-mini": 3_821_079_552,
+    "phi-2": 2_779_683_840, "gpt-j-6b": 6_050_882_784,
+}
+FAMILIES_A = ("llama3.2-1b", "llama3.1-8b", "qwen2.5-0.5b", "qwen3-0.6b", "olmo2-7b", "phi3-mini", "phi-2", "gpt-j-6b")
+
+
+@pytest.mark.parametrize("name", FAMILIES_A)
+def test_count_equals_transformers_own_model_of_the_preset(name):
+    """The preset written as config.json and built by transformers (on the meta device: shapes only) has the
+    same parameters, tensor by tensor in total, as lumen's count: an independent count of the real architecture."""
+    import transformers
+
+    cfg = ModelConfig.from_name(name)
+    hf_cfg = config_to_hf(cfg)
+    with torch.device("meta"):
+        model = getattr(transformers, hf_cfg["architectures"][0])(
+            transformers.AutoConfig.for_model(**hf_cfg))
+    assert sum(p.numel() for p in model.parameters()) == count(cfg).total
 
 
 @pytest.mark.parametrize("name", PUBLISHED)

@@ -119,9 +119,29 @@ class GeGLU(SwiGLU):
         return self.drop(self.w_down(self.act(self.w_gate(x)) * self.w_up(x)))
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
+def make_norm(cfg: ModelConfig, d: int | None = None) -> nn.Module:
+    """The family's norm over d features (default: the stream's d_model)."""
     norm = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "rmsnorm_offset": OffsetRMSNorm}[cfg.norm]
-    return norm(cfg.d_model, cfg.norm_eps)
+    return norm(d or cfg.d_model, cfg.norm_eps)
+
+
+class ProjectionRMSNorm(RMSNorm):
+    """RMSNorm of queries (or keys) over all heads together (OLMo-2): one statistic per token for the
+    whole projection, a gain per feature. Reads and returns (..., heads, d_head)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.flatten(-2)).view_as(x)
+
+
+def qk_norms(cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
+    """The norms of queries and keys before RoPE (cfg.qk_norm), or (None, None): the family's norm over each
+    head's d_head features ("head": Qwen3, Gemma 3), or an RMSNorm over the whole projection ("projection": OLMo-2)."""
+    if cfg.qk_norm == "head":
+        return make_norm(cfg, cfg.head_dim), make_norm(cfg, cfg.head_dim)
+    if cfg.qk_norm == "projection":
+        return (ProjectionRMSNorm(cfg.n_heads * cfg.head_dim, cfg.norm_eps),
+                ProjectionRMSNorm(cfg.kv_heads * cfg.head_dim, cfg.norm_eps))
+    return None, None
 
 
 def make_mlp(cfg: ModelConfig) -> nn.Module:
@@ -149,12 +169,13 @@ class TransformerBlock(nn.Module):
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, layer: int = 0) -> TransformerBlock:
-        """Block `layer` of cfg's norm placement (pre, post, parallel or sandwich), holding the family's parts:
+        """Block `layer` of cfg's norm placement (pre, post, parallel, sandwich, ...), holding the family's parts:
         its norm, its attention (heads, positions, this block's window) and its MLP."""
-        block_type: type[TransformerBlock] = {"pre": cls, "post": PostLNBlock, "parallel": ParallelBlock,
-                                              "sandwich": SandwichBlock}[cfg.norm_placement]
-        block = block_type.from_parts(make_norm(cfg), MultiHeadAttention.from_config(cfg, layer), make_norm(cfg),
-                                      make_mlp(cfg), cfg.dropout)
+        block_type: type[TransformerBlock] = {
+            "pre": cls, "post": PostLNBlock, "parallel": ParallelBlock, "parallel_shared": SharedNormParallelBlock,
+            "branch_output": BranchOutputNormBlock, "sandwich": SandwichBlock}[cfg.norm_placement]
+        block = block_type.from_parts(make_norm(cfg), MultiHeadAttention.from_config(cfg, *qk_norms(cfg), layer=layer),
+                                      make_norm(cfg), make_mlp(cfg), cfg.dropout)
         if isinstance(block, SandwichBlock):  # the norms on each branch's way out
             block.ln1_post, block.ln2_post = make_norm(cfg), make_norm(cfg)
         return block
@@ -198,6 +219,42 @@ class ParallelBlock(TransformerBlock):
 
     def forward(self, x: torch.Tensor, mask: Padding | None = None, cache=None) -> torch.Tensor:
         return x + self.drop(self.attn(self.ln1(x), mask, cache)) + self.mlp(self.ln2(x))
+
+
+class SharedNormParallelBlock(ParallelBlock):
+    """Parallel block with one norm (GPT-J, Phi-2):  x = x + Attn(LN(x)) + MLP(LN(x))
+
+    Both branches read the same normalised stream; `ln2` is another name for `ln1`.
+    """
+
+    @classmethod
+    def from_parts(cls, ln1: nn.Module, attn: MultiHeadAttention, ln2: nn.Module, mlp: nn.Module,
+                   dropout: float = 0.0) -> TransformerBlock:
+        """The block around ln1, attn and mlp (ln2 is not used: the MLP reads ln1 too)."""
+        block = cls.__new__(cls)
+        nn.Module.__init__(block)
+        block.ln1, block.attn, block.mlp, block.drop = ln1, attn, mlp, nn.Dropout(dropout)  # type: ignore[assignment]
+        return block
+
+    @property
+    def ln2(self) -> nn.Module:  # type: ignore[override]  # (a read-only alias here)
+        return self.ln1
+
+    def forward(self, x: torch.Tensor, mask: Padding | None = None, cache=None) -> torch.Tensor:
+        h = self.ln1(x)                                          # one normalised copy of the stream
+        return x + self.drop(self.attn(h, mask, cache)) + self.mlp(h)
+
+
+class BranchOutputNormBlock(TransformerBlock):
+    """Branch-output norm (OLMo-2):  x = x + LN1(Attn(x));  x = x + LN2(MLP(x))
+
+    The branches read the raw stream; each normalises what it writes, so every write has a set scale.
+    """
+
+    def forward(self, x: torch.Tensor, mask: Padding | None = None, cache=None) -> torch.Tensor:
+        x = x + self.drop(self.ln1(self.attn(x, mask, cache)))   # gather, normalise the write, add it
+        x = x + self.ln2(self.mlp(x))                            # think, normalise the write, add it
+        return x
 
 
 class SandwichBlock(TransformerBlock):

@@ -35,9 +35,46 @@ ACTIVATIONS: dict[str, Callable] = {
 MLP_KINDS = ("mlp", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_offset")  # rmsnorm_offset scales by (1 + g) (Gemma)
 PLACEMENTS: tuple[str, ...] = ("pre", "post", "parallel")  # parallel: x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)
+POSITIONS = ("learned", "rope")
+# families-a: where the q/k norms act, the RoPE frequency rescalings, and more norm placements
+QK_NORMS = ("head", "projection")  # over each head's d_head features (Qwen3, Gemma 3), or over all heads (OLMo-2)
+ROPE_SCALINGS = ("linear", "llama3")
+PLACEMENTS += ("parallel_shared", "branch_output")  # x + attn(ln1(x)) + mlp(ln1(x)) (GPT-J, Phi-2);
+#                                                     x + norm(attn(x)), x + norm(mlp(x)) (OLMo-2)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A rescaling of RoPE's frequencies, to stretch a model to a longer context than it was trained at.
+
+    linear (position interpolation): every frequency divided by `factor`. llama3 (Llama 3.1+): the slow
+    frequencies (wavelengths above original_context / low_freq_factor) divided by `factor`, the fast ones
+    (wavelengths below original_context / high_freq_factor) kept, and a smooth blend between the two.
+    """
+
+    kind: str  # one of ROPE_SCALINGS
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192  # the context the model was trained at before the stretch
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALINGS:
+            raise ConfigError(f"RopeScaling.kind must be one of {', '.join(ROPE_SCALINGS)}; got {self.kind!r}")
+        for f in ("factor", "low_freq_factor", "high_freq_factor"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and float(v) > 0):
+                raise ConfigError(f"RopeScaling.{f} must be a positive number, got {v!r}")
+            object.__setattr__(self, f, float(v))
+        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+            raise ConfigError(f"RopeScaling: high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor "
+                              f"({self.low_freq_factor})")
+        v = self.original_context
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= int(v) <= SIZE_LIMITS["context"]:
+            raise ConfigError(f"RopeScaling.original_context must be a whole number in 1..{SIZE_LIMITS['context']}, "
+                              f"got {v!r}")
 # families-b: sandwich: x + norm(attn(ln1(x))), a norm before and after each branch (Gemma 2/3)
 PLACEMENTS += ("sandwich",)
-POSITIONS = ("learned", "rope")
 LAYER_TYPES = ("full", "sliding")  # a block's attention: all the past, or the last sliding_window keys
 
 
@@ -70,6 +107,12 @@ class ModelConfig:
     d_head: int | None = None  # each head's width, if not d_model / n_heads (Gemma)
     scale_embeddings: bool = False  # token embeddings times sqrt(d_model) (Gemma)
     sliding_window: int | None = None  # each query sees only the last this-many keys, itself included (Mistral)
+    # families-a
+    qk_norm: str | None = None  # a norm on queries and keys before RoPE: per "head" (Qwen3) or over the "projection"
+    rope_scaling: RopeScaling | None = None  # RoPE's frequencies rescaled (Llama 3.1+: "llama3")
+    rope_interleaved: bool = False  # RoPE rotates pairs (0, 1), (2, 3), ... (GPT-J), not (i, i + dims/2)
+    head_bias: bool = False  # a bias on the unembedding (Phi-2, GPT-J)
+    attn_bias: bool | None = None  # biases on W_Q, W_K, W_V, W_O, if not as `bias` says (GPT-J: MLP biases only)
     dropout: float = 0.0
     # families-b: per-layer attention, soft-capping and experts (Gemma 2/3, SmolLM3, mixtures of experts)
     # two patterns repeated over the blocks (block i follows entry i % len), so a model keeps its rhythm at any depth:
@@ -85,7 +128,18 @@ class ModelConfig:
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):  # as config.json holds it (from_dict, load)
+            try:
+                object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+            except TypeError as e:
+                raise ConfigError(f"ModelConfig.rope_scaling: {e}") from None
+        if not isinstance(self.rope_scaling, (RopeScaling, type(None))):
+            raise ConfigError(f"ModelConfig.rope_scaling must be a RopeScaling or null, got {self.rope_scaling!r}")
         self._check_types()
+        if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
+            raise ConfigError(f"ModelConfig.qk_norm must be null or one of {', '.join(QK_NORMS)}; got {self.qk_norm!r}")
+        if self.qk_norm == "projection" and self.norm != "rmsnorm":
+            raise ConfigError("ModelConfig: qk_norm 'projection' (OLMo-2) is an RMSNorm; it needs norm 'rmsnorm'")
         if not 0.0 < self.rotary_fraction <= 1.0:
             raise ConfigError(f"ModelConfig.rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
         if self.d_head is None and self.d_model % self.n_heads:
@@ -163,7 +217,10 @@ class ModelConfig:
             if not isinstance(v, (list, tuple)) or not all(isinstance(x, kind) for x in v):
                 raise ConfigError(f"ModelConfig.{f} must be a list of {kind.__name__}s, got {v!r}")
             object.__setattr__(self, f, tuple(v))
-        for f in ("bias", "tie_embeddings", "qkv_bias", "scale_embeddings", "norm_topk_prob"):
+        if self.attn_bias is not None and not isinstance(self.attn_bias, bool):
+            raise ConfigError(f"ModelConfig.attn_bias must be true, false or null, got {self.attn_bias!r}")
+        for f in ("bias", "tie_embeddings", "qkv_bias", "scale_embeddings", "rope_interleaved", "head_bias",
+                  "norm_topk_prob"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"ModelConfig.{f} must be true or false, got {getattr(self, f)!r}")
         for f in ("mlp", "activation", "norm", "norm_placement", "positions", "name"):
@@ -202,6 +259,11 @@ class ModelConfig:
     def per_layer(self, pattern: tuple) -> list:
         """A pattern (layer_types, rope_layers) spelled out for each of the n_layers blocks."""
         return [pattern[i % len(pattern)] for i in range(self.n_layers)]
+
+    @property
+    def attention_bias(self) -> bool:
+        """Whether W_O (and so W_Q, W_K, W_V) have biases: attn_bias, else bias."""
+        return self.bias if self.attn_bias is None else self.attn_bias
 
     @property
     def kv_heads(self) -> int:
@@ -310,6 +372,64 @@ PRESETS: dict[str, ModelConfig] = {
     "mistral-7b": _llama(
         "mistral-7b", vocab_size=32000, context=32768, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
         d_ff=14336, sliding_window=4096, tie_embeddings=False,
+    ),
+    # families-a ----------------------------------------------------------------------------------------
+    # Llama 3.1/3.2: RoPE's slow frequencies stretched 8x for a 128k context (trained at 8k); the 3.2s tie embeddings
+    "llama3.2-1b": _llama(
+        "llama3.2-1b", vocab_size=128256, context=131072, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+        d_head=64, d_ff=8192, rope_theta=500000.0, norm_eps=1e-5, rope_scaling=RopeScaling("llama3", 32.0),
+    ),
+    "llama3.2-3b": _llama(
+        "llama3.2-3b", vocab_size=128256, context=131072, d_model=3072, n_layers=28, n_heads=24, n_kv_heads=8,
+        d_ff=8192, rope_theta=500000.0, norm_eps=1e-5, rope_scaling=RopeScaling("llama3", 32.0),
+    ),
+    "llama3.1-8b": _llama(
+        "llama3.1-8b", vocab_size=128256, context=131072, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+        d_ff=14336, rope_theta=500000.0, norm_eps=1e-5, rope_scaling=RopeScaling("llama3", 8.0),
+        tie_embeddings=False,
+    ),
+    # Qwen2.5: Qwen2's architecture (biases on W_Q, W_K, W_V); the small ones tie their embeddings
+    "qwen2.5-0.5b": _llama(
+        "qwen2.5-0.5b", vocab_size=151936, context=32768, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
+        d_ff=4864, rope_theta=1000000.0, qkv_bias=True, norm_eps=1e-6,
+    ),
+    "qwen2.5-1.5b": _llama(
+        "qwen2.5-1.5b", vocab_size=151936, context=32768, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
+        d_ff=8960, rope_theta=1000000.0, qkv_bias=True, norm_eps=1e-6,
+    ),
+    "qwen2.5-7b": _llama(
+        "qwen2.5-7b", vocab_size=152064, context=32768, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
+        d_ff=18944, rope_theta=1000000.0, qkv_bias=True, norm_eps=1e-6, tie_embeddings=False,
+    ),
+    # Qwen3: no biases, an RMSNorm on each head's query and key before RoPE, 128-wide heads
+    "qwen3-0.6b": _llama(
+        "qwen3-0.6b", vocab_size=151936, context=40960, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8,
+        d_head=128, d_ff=3072, rope_theta=1000000.0, norm_eps=1e-6, qk_norm="head",
+    ),
+    "qwen3-1.7b": _llama(
+        "qwen3-1.7b", vocab_size=151936, context=40960, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8,
+        d_head=128, d_ff=6144, rope_theta=1000000.0, norm_eps=1e-6, qk_norm="head",
+    ),
+    # OLMo-2: each branch's output normalised before it is added (no input norms), q/k RMSNorm over all heads
+    "olmo2-7b": _llama(
+        "olmo2-7b", vocab_size=100352, context=4096, d_model=4096, n_layers=32, n_heads=32, d_ff=11008,
+        rope_theta=500000.0, norm_placement="branch_output", qk_norm="projection", tie_embeddings=False,
+    ),
+    # Phi-3: Llama's math (its files fuse W_Q, W_K, W_V and W_gate, W_up)
+    "phi3-mini": _llama(
+        "phi3-mini", vocab_size=32064, context=4096, d_model=3072, n_layers=32, n_heads=32, d_ff=8192,
+        sliding_window=2047, tie_embeddings=False,
+    ),
+    # Phi-2 and GPT-J: attention and MLP side by side from one LayerNorm, partial RoPE, a biased unembedding
+    "phi-2": ModelConfig(
+        name="phi-2", vocab_size=51200, context=2048, d_model=2560, n_layers=32, n_heads=32, d_ff=10240,
+        activation="gelu_tanh", norm_placement="parallel_shared", positions="rope", rotary_fraction=0.4,
+        head_bias=True, tie_embeddings=False,
+    ),
+    "gpt-j-6b": ModelConfig(
+        name="gpt-j-6b", vocab_size=50400, context=2048, d_model=4096, n_layers=28, n_heads=16,
+        activation="gelu_tanh", norm_placement="parallel_shared", positions="rope", rotary_fraction=0.25,
+        rope_interleaved=True, attn_bias=False, head_bias=True, tie_embeddings=False,
     ),
     # for parameter and FLOP accounting only: never instantiate it (70B parameters)
     "llama3-70b": _llama(

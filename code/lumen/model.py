@@ -67,7 +67,7 @@ class GPT(nn.Module):
         # pre-LN (and parallel) blocks never normalise the stream itself, so one last norm before reading
         # it out; post-LN blocks already leave it normalised
         self.ln_f = make_norm(cfg) if cfg.norm_placement != "post" else nn.Identity()
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the unembedding
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.head_bias)  # the unembedding (+ b: Phi-2, GPT-J)
         # Gemma 2 squashes the logits into (-cap, cap) after the unembedding; every other family reads them as they are
         self.logit_cap = SoftCap(cfg.final_softcap) if cfg.final_softcap is not None else nn.Identity()
         if cfg.tie_embeddings:

@@ -65,3 +65,49 @@ SHAPES |= {
 HF_CLASSES = {"gpt_neox": GPTNeoXForCausalLM, "qwen2": Qwen2ForCausalLM, "gemma": GemmaForCausalLM,
               "mistral": MistralForCausalLM}
 HF_CLASSES |= {"gemma2": Gemma2ForCausalLM, "smollm3": SmolLM3ForCausalLM}  # families-b
+
+# --- families-a: Llama 3.x (RoPE scaling), Qwen3, OLMo-2, Phi-3, Phi-2, GPT-J ---------------------------------
+from transformers import (  # noqa: E402
+    GPTJConfig,
+    GPTJForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    PhiConfig,
+    PhiForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+# Llama 3.1's frequency rescaling at a context short enough that all three bands (kept, blended, stretched) occur
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+SHAPES_A = {
+    "llama3-scaled-gqa": lambda: LlamaForCausalLM(LlamaConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=True)),
+    "llama-linear-scaled": lambda: LlamaForCausalLM(LlamaConfig(
+        vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=48, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})),
+    "qwen3-gqa": lambda: Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=24, max_position_embeddings=48, tie_word_embeddings=True)),
+    "olmo2-gqa": lambda: Olmo2ForCausalLM(Olmo2Config(
+        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=48, pad_token_id=0, eos_token_id=1)),
+    "phi3-window": lambda: Phi3ForCausalLM(Phi3Config(
+        vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=48, original_max_position_embeddings=48, sliding_window=7,
+        pad_token_id=0)),
+    "phi2-partial-qk-layernorm": lambda: PhiForCausalLM(PhiConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=48, qk_layernorm=True)),
+    "gptj-rotary-16": lambda: GPTJForCausalLM(GPTJConfig(
+        vocab_size=V, n_positions=48, n_embd=64, n_layer=2, n_head=2, rotary_dim=16, bos_token_id=1, eos_token_id=1)),
+}
+SHAPES |= SHAPES_A
+HF_CLASSES |= {"qwen3": Qwen3ForCausalLM, "olmo2": Olmo2ForCausalLM, "phi3": Phi3ForCausalLM, "phi": PhiForCausalLM,
+               "gptj": GPTJForCausalLM, "llama": LlamaForCausalLM}

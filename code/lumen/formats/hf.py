@@ -21,11 +21,11 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import ModelConfig, pattern
+from ..config import ModelConfig, RopeScaling, pattern
 from ..decode import Sampling
 from ..errors import ConfigError, FetchError, MissingFileError, ModelFileError, UserError
 from ..files import atomic_dir, read_json
@@ -42,6 +42,10 @@ FROM_HF_ACTIVATIONS = {v: k for k, v in HF_ACTIVATIONS.items()} | {"gelu_pytorch
 FAMILIES: tuple[str, ...] = ("gpt2", "llama", "qwen2", "mistral", "gemma", "gpt_neox")
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM", "gpt_neox": "GPTNeoXForCausalLM"}
+# families-a: Qwen3, OLMo-2, Phi-3 (read only: written back as Llama or Mistral), Phi (Phi-2), GPT-J
+FAMILIES += ("qwen3", "olmo2", "phi3", "phi", "gptj")
+ARCHITECTURES |= {"qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi": "PhiForCausalLM",
+                  "gptj": "GPTJForCausalLM"}
 # families-b: per-layer windows and RoPE, sandwich norms, soft-capping, mixtures of experts
 FAMILIES_B = ("gemma2", "smollm3")
 FAMILIES += FAMILIES_B
@@ -57,6 +61,14 @@ def family(cfg: ModelConfig) -> str:
     b = _family_b(cfg)
     if b is not None:
         return b
+    fam = _family_a(cfg)
+    if fam is not None:
+        return fam
+    if cfg.qk_norm or cfg.rope_interleaved or cfg.head_bias or cfg.attn_bias is not None:
+        raise ModelFileError(f"config {cfg.name!r} matches no Hugging Face architecture: q/k norms are Qwen3's, "
+                             "OLMo-2's or Phi's; interleaved RoPE GPT-J's; an unembedding bias Phi's or GPT-J's")
+    if cfg.rope_scaling is not None and cfg.positions != "rope":
+        raise ModelFileError(f"config {cfg.name!r}: rope_scaling needs positions 'rope'")
     parts = (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement)
     # GPT-2 and GPT-NeoX: plain multi-head attention over heads that fill d_model, biases everywhere
     mha = cfg.bias and cfg.kv_heads == cfg.n_heads and cfg.n_heads * cfg.head_dim == cfg.d_model
@@ -181,6 +193,58 @@ def _layer_types(c: dict, n: int) -> tuple[str, ...]:
     return pattern([back[t] for t in types])
 
 
+def _family_a(cfg: ModelConfig) -> str | None:
+    """Qwen3, OLMo-2, Phi or GPT-J, if cfg is one of them (families-a)."""
+    parts = (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement)
+    plain = not (cfg.scale_embeddings or cfg.rope_interleaved or cfg.head_bias) and cfg.attn_bias is None
+    if parts == ("swiglu", "rmsnorm", "rope", "pre") and cfg.qk_norm == "head" and plain:
+        if not (cfg.bias or cfg.qkv_bias) and cfg.sliding_window is None and cfg.rotary_fraction == 1.0:
+            return "qwen3"
+    if parts == ("swiglu", "rmsnorm", "rope", "branch_output") and cfg.qk_norm == "projection" and plain:
+        if not (cfg.bias or cfg.qkv_bias) and cfg.sliding_window is None and cfg.rotary_fraction == 1.0:
+            return "olmo2"
+    if parts == ("mlp", "layernorm", "rope", "parallel_shared") and cfg.head_bias and not cfg.scale_embeddings:
+        whole = cfg.sliding_window is None and cfg.n_heads * cfg.head_dim == cfg.d_model and not cfg.tie_embeddings
+        if cfg.rope_interleaved and whole and cfg.bias and cfg.attn_bias is False and cfg.qk_norm is None:
+            if cfg.kv_heads == cfg.n_heads and cfg.rope_theta == 10000.0 and cfg.rope_scaling is None:
+                return "gptj"  # (its RoPE base is fixed)
+        if not cfg.rope_interleaved and whole and cfg.bias and cfg.attn_bias is None and cfg.qk_norm in (None, "head"):
+            return "phi"
+    return None
+
+
+def _config_to_hf_a(cfg: ModelConfig, fam: str, common: dict, shape: dict, rope: dict) -> dict:
+    """config.json of the families-a architectures."""
+    if fam == "gptj":
+        return common | {
+            "n_positions": cfg.context, "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
+            "rotary_dim": cfg.rotary_dims, "n_inner": cfg.d_ff, "activation_function": HF_ACTIVATIONS[cfg.activation],
+            "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+            "attn_pdrop": cfg.dropout,
+        }
+    if fam == "phi":
+        return common | shape | {
+            "num_key_value_heads": cfg.kv_heads, "hidden_act": HF_ACTIVATIONS[cfg.activation],
+            "layer_norm_eps": cfg.norm_eps, "rope_parameters": rope | {"partial_rotary_factor": cfg.rotary_fraction},
+            "qk_layernorm": cfg.qk_norm == "head", "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+        }
+    out = common | shape | {"num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.norm_eps,
+                            "rope_parameters": rope, "hidden_act": "silu", "attention_bias": False}
+    return out | ({"use_sliding_window": False, "sliding_window": None} if fam == "qwen3" else {})
+
+
+def _rope_parameters(cfg: ModelConfig) -> dict:
+    """rope_parameters as transformers 5 spells them, with the frequency rescaling if any."""
+    rope: dict = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    sc = cfg.rope_scaling
+    if sc is not None:
+        rope |= {"rope_type": sc.kind, "factor": sc.factor}
+        if sc.kind == "llama3":
+            rope |= {"low_freq_factor": sc.low_freq_factor, "high_freq_factor": sc.high_freq_factor,
+                     "original_max_position_embeddings": sc.original_context}
+    return rope
+
+
 def config_to_hf(cfg: ModelConfig) -> dict:
     fam = family(cfg)
     common = {"architectures": [ARCHITECTURES[fam]], "model_type": fam, "vocab_size": cfg.vocab_size,
@@ -192,12 +256,14 @@ def config_to_hf(cfg: ModelConfig) -> dict:
             "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
             "attn_pdrop": cfg.dropout,
         }
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    rope = _rope_parameters(cfg)
     shape = {
         "hidden_size": cfg.d_model, "intermediate_size": cfg.hidden, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "max_position_embeddings": cfg.context, "rope_theta": cfg.rope_theta,
         "attention_dropout": cfg.dropout,
     }
+    if fam in ("qwen3", "olmo2", "phi", "gptj"):
+        return _config_to_hf_a(cfg, fam, common, shape, rope)
     if fam == "gpt_neox":  # the old keys (rotary_pct, rotary_emb_base) too, as Pythia's own config.json has them
         return common | shape | {
             "hidden_act": HF_ACTIVATIONS[cfg.activation], "layer_norm_eps": cfg.norm_eps,
@@ -221,15 +287,42 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 
 def _rope(c: dict, default_theta: float = 10000.0) -> tuple[float, float]:
-    """(theta, rotary fraction) from either config.json spelling; scaled RoPE variants are refused."""
+    """(theta, rotary fraction) from either config.json spelling; RoPE variants are refused (see _rope_scaling)."""
     rope = c.get("rope_parameters") or {}
     scaling = c.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
     if rope_type != "default":
-        raise ModelFileError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
+        key = "rope_parameters" if "rope_type" in rope else "rope_scaling"
+        raise ModelFileError(f"{key}.rope_type {rope_type!r} (RoPE scaling) is not supported by this family "
+                             "(only plain RoPE)")
     theta = rope.get("rope_theta", c.get("rope_theta", c.get("rotary_emb_base", default_theta)))
     fraction = rope.get("partial_rotary_factor", c.get("rotary_pct", c.get("partial_rotary_factor", 1.0)))
     return float(theta), float(fraction)
+
+
+def _rope_scaling(c: dict) -> tuple[dict, RopeScaling | None]:
+    """config.json without its RoPE rescaling (for _rope), and the rescaling as a RopeScaling: "linear" and
+    "llama3" in either spelling (transformers 5's rope_parameters, the older rope_scaling); "dynamic", "yarn",
+    "longrope" and others are refused naming the key."""
+    rope, scaling = c.get("rope_parameters") or {}, c.get("rope_scaling") or {}
+    key, params = ("rope_parameters", rope) if "rope_type" in rope else ("rope_scaling", scaling)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return c, None
+    if kind not in ("linear", "llama3"):
+        raise ModelFileError(f"{key}.rope_type {kind!r} is not supported; lumen reads RoPE scaling 'linear' and "
+                             "'llama3' (or none: 'default')")
+    named: dict[str, Any] = {} if kind == "linear" else dict(
+        low_freq_factor=params.get("low_freq_factor"), high_freq_factor=params.get("high_freq_factor"),
+        original_context=params.get("original_max_position_embeddings", c.get("max_position_embeddings")))
+    try:
+        found = RopeScaling(kind, params.get("factor"), **named)  # type: ignore[arg-type]  # (checked there)
+    except ConfigError as e:
+        raise ModelFileError(f"{key}: {e}") from None
+    def plain(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k not in ("rope_type", "type")}
+
+    return c | {"rope_parameters": plain(rope), "rope_scaling": plain(scaling)}, found
 
 
 def _activation(act: str, kind: str) -> str:
@@ -240,13 +333,16 @@ def _activation(act: str, kind: str) -> str:
 
 # the config.json keys config_from_hf reads, by the type their values must have; and the ones it needs
 _HF_INTS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "hidden_size", "intermediate_size",
-            "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "head_dim")
-_HF_FLOATS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_theta", "rotary_emb_base", "rotary_pct")
+            "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "head_dim",
+            "rotary_dim")
+_HF_FLOATS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_theta", "rotary_emb_base", "rotary_pct",
+              "partial_rotary_factor")
 _HF_OPTIONAL_FLOATS = ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")  # null: none
 _HF_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "scale_attn_by_inverse_layer_idx",
-             "reorder_and_upcast_attn")
+             "reorder_and_upcast_attn", "scale_attn_weights", "use_sliding_window", "qk_layernorm")
 _HF_REQUIRED = {"gpt2": ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"),
                 "llama": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")}
+_HF_REQUIRED["gptj"] = _HF_REQUIRED["gpt2"]
 
 
 def check_hf_config(c: object) -> None:
@@ -257,8 +353,8 @@ def check_hf_config(c: object) -> None:
     kind = c.get("model_type")
     if not isinstance(kind, str):
         raise ModelFileError(f"'model_type' must be a string such as \"llama\", got {kind!r}")
-    llama_like = ("mistral", "qwen2", "gemma", "gpt_neox", *FAMILIES_B)
-    for key in _HF_REQUIRED.get("llama" if kind in llama_like else kind, ()):
+    like_llama = ("mistral", "qwen2", "gemma", "gpt_neox", "qwen3", "olmo2", "phi3", "phi", *FAMILIES_B)
+    for key in _HF_REQUIRED.get("llama" if kind in like_llama else kind, ()):
         if c.get(key) is None:
             raise ModelFileError(f"the config lacks {key!r}, which a {kind} model needs")
     for keys, ok, what in ((_HF_INTS, lambda v: isinstance(v, int) and v > 0, "a positive whole number"),
@@ -289,6 +385,9 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
             raise ModelFileError(
                 "GPT-2 configs with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn are not supported"
             )
+        if c.get("scale_attn_weights", True) is not True:  # scores not divided by sqrt(d_head): not lumen's attention
+            raise ModelFileError("GPT-2 configs with scale_attn_weights=false (attention scores not divided by "
+                                 "sqrt(d_head)) are not supported; set it to true only if the model was trained so")
         return ModelConfig(
             name=name, vocab_size=c["vocab_size"], context=c["n_positions"], d_model=c["n_embd"],
             n_layers=c["n_layer"], n_heads=c["n_head"], d_ff=c.get("n_inner"), mlp="mlp",
@@ -308,9 +407,13 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
             norm_placement="parallel" if c.get("use_parallel_residual", True) else "pre", positions="rope",
             rope_theta=theta, rotary_fraction=fraction, bias=True, tie_embeddings=c.get("tie_word_embeddings", False),
         )
-    if kind in ("llama", "mistral", "qwen2", "gemma"):
+    if kind in ("phi", "gptj"):
+        return _config_from_hf_parallel(c, kind, name)
+    if kind in ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2", "phi3"):
+        _check_layer_types(c, kind)
+        c, scaling = _rope_scaling(c)
         theta, fraction = _rope(c)
-        if fraction != 1.0:
+        if fraction != 1.0 and kind != "phi3":
             raise ModelFileError(f"{kind} configs with partial rotary ({fraction}) are not supported")
         if c.get("mlp_bias"):
             raise ModelFileError(f"{kind} configs with mlp_bias=true are not supported (lumen's gated MLPs have none)")
@@ -321,11 +424,13 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
                 raise ModelFileError(f"Gemma hidden_act {act!r} is not supported (only gelu_pytorch_tanh)")
         elif act != "silu":
             raise ModelFileError(f"{kind} hidden_act {act!r} is not supported (only silu)")
-        window = c.get("sliding_window") if kind == "mistral" else None
-        if kind == "qwen2" and c.get("use_sliding_window"):
-            raise ModelFileError("Qwen2 configs with use_sliding_window=true (windows on some layers): not supported")
+        window = c.get("sliding_window") if kind in ("mistral", "phi3") else None
+        if kind in ("qwen2", "qwen3") and c.get("use_sliding_window"):
+            raise ModelFileError(f"{kind} configs with use_sliding_window=true (windows on some layers): not supported")
         d, h = c["hidden_size"], c["num_attention_heads"]
         gemma = kind == "gemma"
+        if kind in ("qwen3", "olmo2", "phi3"):
+            return _config_from_hf_a(c, kind, name, theta, fraction, scaling, window)
         return ModelConfig(
             name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=d,
             n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
@@ -334,10 +439,69 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
             norm_eps=c.get("rms_norm_eps", 1e-6), positions="rope", rope_theta=theta,
             bias=bool(c.get("attention_bias", False)) and kind != "qwen2", qkv_bias=kind == "qwen2",
             tie_embeddings=c.get("tie_word_embeddings", gemma), scale_embeddings=gemma, sliding_window=window,
+            rope_scaling=scaling,
         )
     if kind in FAMILIES_B:
         return _config_from_hf_b(c, kind, name)
     raise ModelFileError(f"Hugging Face model_type {kind!r} is not supported; supported: {', '.join(FAMILIES)}")
+
+
+def _check_layer_types(c: dict, kind: str) -> None:
+    """transformers' per-layer attention kinds: lumen's families-a models attend the same way in every layer."""
+    types = c.get("layer_types")
+    if types is not None and (not isinstance(types, list) or set(types) - {"full_attention"}):
+        raise ModelFileError(f"{kind} configs with layer_types other than full_attention in every layer (windows on "
+                             f"some layers) are not supported; got {str(types)[:80]}")
+
+
+def _config_from_hf_a(c: dict, kind: str, name: str, theta: float, fraction: float, scaling: RopeScaling | None,
+                      window: int | None) -> ModelConfig:
+    """Qwen3 (q/k norm per head), OLMo-2 (branch-output norms, q/k norm over the projection) and Phi-3 (Llama with
+    fused projections in its files): their config.json after the checks config_from_hf shares with Llama."""
+    h = c["num_attention_heads"]
+    if kind == "olmo2" and c.get("attention_bias"):
+        raise ModelFileError("olmo2 configs with attention_bias=true are not supported")
+    return ModelConfig(
+        name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=c["hidden_size"],
+        n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
+        d_head=c.get("head_dim") or None, d_ff=c["intermediate_size"], mlp="swiglu", activation="silu", norm="rmsnorm",
+        norm_eps=c.get("rms_norm_eps", 1e-6), positions="rope", rope_theta=theta, rotary_fraction=fraction,
+        bias=bool(c.get("attention_bias", False)), tie_embeddings=c.get("tie_word_embeddings", False),
+        sliding_window=window, rope_scaling=scaling,
+        norm_placement="branch_output" if kind == "olmo2" else "pre",
+        qk_norm={"qwen3": "head", "olmo2": "projection"}.get(kind),
+    )
+
+
+def _config_from_hf_parallel(c: dict, kind: str, name: str) -> ModelConfig:
+    """Phi (Phi-1/1.5/2) and GPT-J: one LayerNorm read by attention and the MLP side by side, partial RoPE
+    (GPT-J's on interleaved pairs), biases on the MLP, and a bias on the unembedding."""
+    if kind == "gptj":
+        d, h = c["n_embd"], c["n_head"]
+        if d % h:
+            raise ModelFileError(f"n_embd ({d}) must be divisible by n_head ({h})")
+        rotary = c.get("rotary_dim") or d // h
+        if rotary > d // h or rotary % 2:
+            raise ModelFileError(f"rotary_dim ({rotary}) must be even and at most the head width ({d // h})")
+        return ModelConfig(
+            name=name, vocab_size=c["vocab_size"], context=c["n_positions"], d_model=d, n_layers=c["n_layer"],
+            n_heads=h, d_ff=c.get("n_inner"), mlp="mlp",
+            activation=_activation(c.get("activation_function", "gelu_new"), "GPT-J"), norm="layernorm",
+            norm_eps=c.get("layer_norm_epsilon", 1e-5), norm_placement="parallel_shared", positions="rope",
+            rotary_fraction=rotary / (d // h), rope_interleaved=True, bias=True, attn_bias=False, head_bias=True,
+            tie_embeddings=c.get("tie_word_embeddings", False),
+        )
+    c, scaling = _rope_scaling(c)
+    theta, fraction = _rope(c)
+    h = c["num_attention_heads"]
+    return ModelConfig(
+        name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=c["hidden_size"],
+        n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
+        d_ff=c.get("intermediate_size"), mlp="mlp", activation=_activation(c.get("hidden_act", "gelu_new"), "Phi"),
+        norm="layernorm", norm_eps=c.get("layer_norm_eps", 1e-5), norm_placement="parallel_shared", positions="rope",
+        rope_theta=theta, rotary_fraction=fraction, rope_scaling=scaling, bias=True, head_bias=True,
+        qk_norm="head" if c.get("qk_layernorm") else None, tie_embeddings=c.get("tie_word_embeddings", False),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,6 +539,34 @@ _TOP = {
     "llama": _LLAMA_TOP, "qwen2": _LLAMA_TOP, "mistral": _LLAMA_TOP, "gemma": _LLAMA_TOP,
 }
 _BLOCKS = {"gpt2": ("transformer.h", _GPT2_BLOCK), "gpt_neox": ("gpt_neox.layers", _NEOX_BLOCK)}
+# families-a
+_QK_NORMS = {"attn.q_norm.g": "self_attn.q_norm.weight", "attn.k_norm.g": "self_attn.k_norm.weight"}
+_OLMO2_BLOCK = _LLAMA_BLOCK | _QK_NORMS | {  # its two norms act on what each branch writes
+    "ln1.g": "post_attention_layernorm.weight", "ln2.g": "post_feedforward_layernorm.weight"}
+_PHI_BLOCK = {  # one input_layernorm serves attention and the MLP
+    "ln1.g": "input_layernorm.weight", "ln1.b": "input_layernorm.bias",
+    **{f"attn.{m}.{p}": f"self_attn.{m}_proj.{p}" for m in "qkv" for p in ("weight", "bias")},
+    "attn.out.weight": "self_attn.dense.weight", "attn.out.bias": "self_attn.dense.bias",
+    "attn.q_norm.g": "self_attn.q_layernorm.weight", "attn.q_norm.b": "self_attn.q_layernorm.bias",
+    "attn.k_norm.g": "self_attn.k_layernorm.weight", "attn.k_norm.b": "self_attn.k_layernorm.bias",
+    "mlp.fc.weight": "mlp.fc1.weight", "mlp.fc.bias": "mlp.fc1.bias",
+    "mlp.proj.weight": "mlp.fc2.weight", "mlp.proj.bias": "mlp.fc2.bias",
+}
+_GPTJ_BLOCK = {
+    "ln1.g": "ln_1.weight", "ln1.b": "ln_1.bias",
+    **{f"attn.{m}.weight": f"attn.{m}_proj.weight" for m in "qkv"}, "attn.out.weight": "attn.out_proj.weight",
+    "mlp.fc.weight": "mlp.fc_in.weight", "mlp.fc.bias": "mlp.fc_in.bias",
+    "mlp.proj.weight": "mlp.fc_out.weight", "mlp.proj.bias": "mlp.fc_out.bias",
+}
+_TOP |= {
+    "qwen3": _LLAMA_TOP, "olmo2": _LLAMA_TOP,
+    "phi": {"tok_emb.weight": "model.embed_tokens.weight", "ln_f.g": "model.final_layernorm.weight",
+            "ln_f.b": "model.final_layernorm.bias", "lm_head.weight": "lm_head.weight", "lm_head.bias": "lm_head.bias"},
+    "gptj": {"tok_emb.weight": "transformer.wte.weight", "ln_f.g": "transformer.ln_f.weight",
+             "ln_f.b": "transformer.ln_f.bias", "lm_head.weight": "lm_head.weight", "lm_head.bias": "lm_head.bias"},
+}
+_BLOCKS |= {"qwen3": ("model.layers", _LLAMA_BLOCK | _QK_NORMS), "olmo2": ("model.layers", _OLMO2_BLOCK),
+            "phi": ("model.layers", _PHI_BLOCK), "gptj": ("transformer.h", _GPTJ_BLOCK)}
 # families-b: Gemma 2's sandwich (a norm before and after each branch); SmolLM3 is Llama's layout
 _GEMMA2_BLOCK = _LLAMA_BLOCK | {
     "ln1_post.g": "post_attention_layernorm.weight", "ln2.g": "pre_feedforward_layernorm.weight",
@@ -442,6 +634,8 @@ def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
     """A Hugging Face state dict in lumen's names; raises on missing tensors."""
     fam, keys, out = family(cfg), _key_map(cfg), {}
     hf = _canonical_names(hf, fam)
+    if any(k.endswith(("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight")) for k in hf):
+        hf = _split_phi3(hf, cfg)
     template = GPT.template(cfg)
     for name in template.state_dict():
         if name == "lm_head.weight" and cfg.tie_embeddings:
@@ -463,6 +657,27 @@ def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
     return out
 
 
+def _split_phi3(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Phi-3's fused projections as Llama's separate ones: qkv_proj stacks W_Q, W_K, W_V (rows), gate_up_proj
+    stacks W_gate and W_up."""
+    out = {}
+    sizes = [cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim]
+    for k, t in hf.items():
+        if k.endswith("self_attn.qkv_proj.weight"):
+            if t.dim() != 2 or t.size(0) != sum(sizes):
+                raise ModelFileError(f"tensor {k} has shape {tuple(t.shape)}; the config needs {sum(sizes)} rows")
+            for m, part in zip("qkv", t.split(sizes)):
+                out[k.replace("qkv_proj", f"{m}_proj")] = part.contiguous()
+        elif k.endswith("mlp.gate_up_proj.weight"):
+            if t.dim() != 2 or t.size(0) != 2 * cfg.hidden:
+                raise ModelFileError(f"tensor {k} has shape {tuple(t.shape)}; the config needs {2 * cfg.hidden} rows")
+            gate, up = t.chunk(2)
+            out[k.replace("gate_up_proj", "gate_proj")], out[k.replace("gate_up_proj", "up_proj")] = gate, up
+        else:
+            out[k] = t
+    return out
+
+
 def _canonical_names(hf: dict[str, torch.Tensor], fam: str) -> dict[str, torch.Tensor]:
     """Other spellings of the same tensors: GPT-2's original hub file has no `transformer.` prefix
     (`h.0.attn.c_attn.weight`, `wte.weight`); transformers 5 calls GPT-NeoX's `embed_out` `lm_head`."""
@@ -473,9 +688,22 @@ def _canonical_names(hf: dict[str, torch.Tensor], fam: str) -> dict[str, torch.T
     return hf
 
 
+def _decided_by(tensor: str) -> str | None:
+    """The config.json key that says whether a tensor exists, if one does."""
+    if tensor.endswith(("lm_head.weight", "embed_out.weight")):
+        return "tie_word_embeddings"
+    if "q_layernorm." in tensor or "k_layernorm." in tensor:
+        return "qk_layernorm"
+    if tensor.endswith(".bias"):
+        return "mlp_bias" if ".mlp." in tensor else "attention_bias"
+    return None
+
+
 def _need(hf: dict[str, torch.Tensor], key: str) -> torch.Tensor:
     if key not in hf:
-        raise ModelFileError(f"the Hugging Face weights have no tensor {key!r} (is config.json the right one?)")
+        decided = _decided_by(key)
+        why = f"config.json's {decided!r} says there is one" if decided else "is config.json the right one?"
+        raise ModelFileError(f"the Hugging Face weights have no tensor {key!r} ({why})")
     return hf[key]
 
 
