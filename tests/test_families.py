@@ -189,7 +189,8 @@ def _hf_and_lumen(name, dtype=torch.float32):
     torch.manual_seed(0)
     hf = SHAPES[name]().eval()
     hf.config._attn_implementation = "eager"
-    with torch.no_grad():  # HF inits norms to 0/1: randomise them (and the routers) so that they are tested too
+    hf.config._experts_implementation = "eager"  # (the expert loop: its grouped matmul has no float64)
+    with torch.no_grad():  # HF inits norms to 0/1: randomise them so that they are tested too
         for p in hf.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
@@ -205,15 +206,20 @@ def _relative(a, b):
 @pytest.mark.parametrize("name", FAMILIES_B)
 def test_family_logits_match_transformers_in_float32_float64_and_bfloat16(name):
     idx = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(1))
-    errors = {}
+    errors, logits = {}, {}
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
         hf, ours = _hf_and_lumen(name, dtype)
         with torch.no_grad():
-            errors[dtype] = _relative(ours(idx)[0].double(), hf(idx).logits.double())
+            logits[dtype] = ours(idx)[0].double(), hf(idx).logits.double()
+        errors[dtype] = _relative(*logits[dtype])
     # float64: what is left is float32 rounding inside both (HF's Gemma norms, both sides' RoPE tables), no bug
     assert errors[torch.float64] < 1e-6, errors
     assert errors[torch.float32] < 5e-5, errors
-    assert errors[torch.bfloat16] < 1e-2, errors
+    # bfloat16: within 1e-2 of transformers; where transformers' own bf16 logits are further than that from the
+    # float64 ones (deep Gemma 3 shapes: ~2e-2), lumen's may be no further from them than transformers' are
+    truth = logits[torch.float64][1]
+    own, theirs = (_relative(x, truth) for x in logits[torch.bfloat16])
+    assert errors[torch.bfloat16] < 1e-2 or own <= 1.1 * theirs, (errors, own, theirs)
 
 
 @pytest.mark.parametrize("name", FAMILIES_B)

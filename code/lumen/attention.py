@@ -269,9 +269,10 @@ class MultiHeadAttention(nn.Module):
         """Block `layer`'s attention: its window and its RoPE base (or none) may differ from block to block."""
         rope = None
         theta = cfg.rope_base(layer)
-        if theta is not None:
+        if theta is not None:  # (a base of its own for local layers is never stretched: Gemma 3 stretches global ones)
+            local = cfg.layer_type(layer) == "sliding" and cfg.rope_local_theta is not None
             rope = (InterleavedRoPE if cfg.rope_interleaved else RoPE)(cfg.rotary_dims, cfg.context, theta,
-                                                                        cfg.rope_scaling)
+                                                                        None if local else cfg.rope_scaling)
         scale = cfg.query_pre_attn_scalar**-0.5 if cfg.query_pre_attn_scalar is not None else None
         return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.attention_bias, rope, cfg.dropout,
                    cfg.head_dim, cfg.attention_bias or cfg.qkv_bias, cfg.window(layer), q_norm, k_norm,

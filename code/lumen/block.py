@@ -144,7 +144,49 @@ def qk_norms(cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
     return None, None
 
 
+class MixtureOfExperts(nn.Module):
+    """A mixture-of-experts MLP (Qwen3-MoE, OLMoE, Mixtral): many MLPs, of which each token uses a few.
+
+        p = softmax(router(x))             one probability per expert
+        top k experts by p, weights w      (renormalised to sum to 1 if norm_topk_prob)
+        MoE(x) = sum over the chosen e of  w_e * expert_e(x)
+
+    Every expert is the chapter's SwiGLU (w_gate, w_up, w_down), so a token's MLP is a weighted sum of k
+    ordinary MLPs; which k is decided per token. `router_logits` and `choices` are named places for
+    lumen.inspect's hooks: the router's scores (..., n_experts) and the experts picked (..., k).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int, norm_topk_prob: bool = True,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.router = nn.Linear(d_model, n_experts, bias=False)     # one score per expert
+        self.experts = nn.ModuleList(SwiGLU(d_model, d_ff, dropout) for _ in range(n_experts))
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.router_logits, self.choices = nn.Identity(), nn.Identity()
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, experts), each (..., k): which experts each token goes to, and how much each counts."""
+        p = F.softmax(self.router_logits(self.router(x)), dim=-1, dtype=torch.float32)   # (..., n_experts)
+        w, chosen = p.topk(self.top_k, dim=-1)
+        if self.norm_topk_prob:            # the chosen experts share the whole weight
+            w = w / w.sum(-1, keepdim=True)
+        return w.to(x.dtype), self.choices(chosen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, chosen = self.route(x)
+        flat, w, chosen = x.reshape(-1, x.size(-1)), w.reshape(-1, self.top_k), chosen.reshape(-1, self.top_k)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):   # gather each expert's tokens, run it once, scatter back weighted
+            token, slot = torch.where(chosen == e)
+            if token.numel():
+                out.index_add_(0, token, expert(flat[token]) * w[token, slot, None])
+        return out.view_as(x)
+
+
 def make_mlp(cfg: ModelConfig) -> nn.Module:
+    if cfg.n_experts is not None:
+        return MixtureOfExperts(cfg.d_model, cfg.hidden, cfg.n_experts, cfg.experts_per_token, cfg.norm_topk_prob,
+                                cfg.dropout)
     if cfg.mlp == "swiglu":
         return SwiGLU(cfg.d_model, cfg.hidden, cfg.dropout)
     if cfg.mlp == "geglu":

@@ -252,9 +252,12 @@ class ModelConfig:
         """Block `layer`'s RoPE base (theta), or None where it uses no RoPE (learned positions, rope_layers)."""
         if self.positions != "rope" or not self.rope_layers[layer % len(self.rope_layers)]:
             return None
-        if self.layer_type(layer) == "sliding" and self.rope_local_theta is not None:
-            return self.rope_local_theta
-        return self.rope_theta
+        return self.rope_base_of(self.layer_type(layer))
+
+    def rope_base_of(self, layer_type: str) -> float:
+        """The RoPE base of a kind of layer: rope_local_theta for sliding ones if set (Gemma 3), else rope_theta."""
+        local = layer_type == "sliding" and self.rope_local_theta is not None
+        return self.rope_local_theta if local and self.rope_local_theta is not None else self.rope_theta
 
     def per_layer(self, pattern: tuple) -> list:
         """A pattern (layer_types, rope_layers) spelled out for each of the n_layers blocks."""

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import KVCache, MultiHeadAttention, Padding, RoPE, SoftCap
-from .block import TransformerBlock, make_norm
+from .block import MixtureOfExperts, TransformerBlock, make_norm
 from .config import ModelConfig
 from .errors import ModelFileError, UserError
 
@@ -80,7 +80,9 @@ class GPT(nn.Module):
         # after self.apply(self._init_weights): shrink the two residual-writing matrices per block,
         # so that the 2N writes into the stream add up to variance ~0.02^2 rather than 2N times it
         for block in blocks:
-            for lin in (block.attn.out, block.mlp.down):
+            mlps = list(block.mlp.experts) if isinstance(block.mlp, MixtureOfExperts) else [block.mlp]  # (MoE: each)
+            writers: list[nn.Linear] = [block.attn.out, *(m.down for m in mlps)]
+            for lin in writers:
                 nn.init.normal_(lin.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.n_layers))
 
     def _init_weights(self, module: nn.Module) -> None:

@@ -111,3 +111,32 @@ SHAPES_A = {
 SHAPES |= SHAPES_A
 HF_CLASSES |= {"qwen3": Qwen3ForCausalLM, "olmo2": Olmo2ForCausalLM, "phi3": Phi3ForCausalLM, "phi": PhiForCausalLM,
                "gptj": GPTJForCausalLM, "llama": LlamaForCausalLM}
+
+# families-b: Gemma 3 (q/k norms with Gemma's (1 + w), 5 local : 1 global, two RoPE bases), Qwen3-MoE (experts)
+from transformers import (  # noqa: E402
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+SHAPES |= {
+    "gemma3-5-local-1-global": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=48, sliding_window=4, query_pre_attn_scalar=20,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000.0}})),
+    "gemma3-mqa-untied": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=48, sliding_window=6, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "qwen3moe-top2-normed": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=48, num_experts=6,
+        num_experts_per_tok=2, norm_topk_prob=True)),
+    "qwen3moe-top3-raw-tied": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=V, hidden_size=48, intermediate_size=64, moe_intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=48, num_experts=5,
+        num_experts_per_tok=3, norm_topk_prob=False, tie_word_embeddings=True)),
+}
+HF_CLASSES |= {"gemma3_text": Gemma3ForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}

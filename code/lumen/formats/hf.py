@@ -47,9 +47,10 @@ FAMILIES += ("qwen3", "olmo2", "phi3", "phi", "gptj")
 ARCHITECTURES |= {"qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi": "PhiForCausalLM",
                   "gptj": "GPTJForCausalLM"}
 # families-b: per-layer windows and RoPE, sandwich norms, soft-capping, mixtures of experts
-FAMILIES_B = ("gemma2", "smollm3")
+FAMILIES_B = ("gemma2", "gemma3_text", "smollm3", "qwen3_moe")
 FAMILIES += FAMILIES_B
-ARCHITECTURES |= {"gemma2": "Gemma2ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+ARCHITECTURES |= {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                  "qwen3_moe": "Qwen3MoeForCausalLM"}
 # lumen's kinds of attention layer (ModelConfig.layer_types) in HF's spelling
 HF_LAYER_TYPES = {"full": "full_attention", "sliding": "sliding_attention"}
 
@@ -100,30 +101,49 @@ def _family_b(cfg: ModelConfig) -> str | None:
                cfg.final_softcap is not None, cfg.n_experts is not None)
     if not any(details):
         return None
-    plain = cfg.positions == "rope" and cfg.rotary_fraction == 1.0 and not cfg.qkv_bias and not cfg.bias
+    plain = cfg.positions == "rope" and cfg.rotary_fraction == 1.0 and not (cfg.qkv_bias or cfg.bias)
+    plain = plain and not (cfg.rope_interleaved or cfg.head_bias) and cfg.attn_bias is None and cfg.rope_scaling is None
     gemma = (cfg.mlp, cfg.norm, cfg.norm_placement) == ("geglu", "rmsnorm_offset", "sandwich") and cfg.scale_embeddings
-    if plain and gemma and all(cfg.rope_layers) and cfg.n_experts is None and cfg.rope_local_theta is None:
-        return "gemma2"
+    if plain and gemma and all(cfg.rope_layers) and cfg.n_experts is None:
+        if cfg.qk_norm is None and cfg.rope_local_theta is None:
+            return "gemma2"
+        if cfg.qk_norm == "head" and cfg.attn_softcap is None and cfg.final_softcap is None:
+            return "gemma3_text"
     llama = (cfg.mlp, cfg.norm, cfg.norm_placement) == ("swiglu", "rmsnorm", "pre") and not cfg.scale_embeddings
     rest = (cfg.layer_types, cfg.rope_local_theta, cfg.query_pre_attn_scalar, cfg.attn_softcap, cfg.final_softcap,
-            cfg.n_experts, cfg.sliding_window)
+            cfg.sliding_window)
     if plain and llama and all(v is None for v in rest):
-        return "smollm3"
+        if cfg.n_experts is None and cfg.qk_norm is None:
+            return "smollm3"
+        if cfg.n_experts is not None and cfg.qk_norm == "head" and all(cfg.rope_layers):
+            return "qwen3_moe"
     raise ModelFileError(
         f"config {cfg.name!r} matches no Hugging Face architecture: Gemma 2 needs rmsnorm_offset + geglu + sandwich "
-        "norms + scale_embeddings; SmolLM3 is Llama with rope_layers (and none of the other per-layer details)"
+        "norms + scale_embeddings (Gemma 3: + per-head q/k norms, no soft-caps); SmolLM3 is Llama with rope_layers; "
+        "Qwen3-MoE is Qwen3 (per-head q/k norms) with n_experts"
     )
 
 
 def _config_to_hf_b(cfg: ModelConfig, fam: str, out: dict) -> dict:
     """config.json's keys for families-b's architectures, added to the Llama-style ones in `out`."""
-    if fam == "gemma2":
+    if fam in ("gemma2", "gemma3_text"):
         out.pop("hidden_act")
         types = [HF_LAYER_TYPES[t] for t in cfg.per_layer(cfg.layer_types or (cfg.layer_type(0),))]
         out |= {"hidden_activation": HF_ACTIVATIONS_GATED[cfg.activation], "attention_bias": False,
                 "query_pre_attn_scalar": _number(cfg.query_pre_attn_scalar or cfg.head_dim),
                 "sliding_window": cfg.sliding_window, "layer_types": types,
                 "attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.final_softcap}
+    if fam == "gemma3_text":  # a RoPE base for each kind of layer
+        out.pop("rope_theta")
+        out["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_base_of("sliding")},
+            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta}}
+        out |= {"use_bidirectional_attention": False, "pad_token_id": 0, "bos_token_id": None, "eos_token_id": None}
+    if fam == "qwen3_moe":
+        out |= {"attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+                "num_experts": cfg.n_experts, "num_experts_per_tok": cfg.experts_per_token,
+                "moe_intermediate_size": cfg.hidden, "norm_topk_prob": cfg.norm_topk_prob,
+                "decoder_sparse_step": 1, "mlp_only_layers": []}
     if fam == "smollm3":
         out |= {"attention_bias": False, "mlp_bias": False, "use_sliding_window": False, "sliding_window": None,
                 "no_rope_layers": [int(r) for r in cfg.per_layer(cfg.rope_layers)],  # (HF: 1 = has RoPE)
@@ -143,6 +163,9 @@ HF_ACTIVATIONS_GATED = HF_ACTIVATIONS | {"gelu_tanh": "gelu_pytorch_tanh"}
 
 def _config_from_hf_b(c: dict, kind: str, name: str) -> ModelConfig:
     """The ModelConfig of a config.json of one of FAMILIES_B."""
+    local_theta = None
+    if kind == "gemma3_text":  # rope_parameters by kind of layer: {"sliding_attention": {...}, "full_attention": ...}
+        c, local_theta = _gemma3_rope(c)
     theta, fraction = _rope(c)
     if fraction != 1.0:
         raise ModelFileError(f"{kind} configs with partial rotary ({fraction}) are not supported")
@@ -156,18 +179,38 @@ def _config_from_hf_b(c: dict, kind: str, name: str) -> ModelConfig:
                  norm_eps=c.get("rms_norm_eps", 1e-6),
                  positions="rope", rope_theta=theta, bias=False, mlp="swiglu", activation="silu", norm="rmsnorm")
     n = c["num_hidden_layers"]
-    if kind == "gemma2":
-        types = _layer_types(c, n)
+    if kind in ("gemma2", "gemma3_text"):
+        gemma3 = kind == "gemma3_text"
+        types = _layer_types(c, n, 6 if gemma3 else 2)
         window = c.get("sliding_window")
-        act = _activation(c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh", "Gemma 2")
+        act = _activation(c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh", kind)
         if act not in ("gelu_tanh", "gelu"):
-            raise ModelFileError(f"Gemma 2 hidden_activation {act!r} is not supported (only a GELU)")
+            raise ModelFileError(f"{kind} hidden_activation {act!r} is not supported (only a GELU)")
         return ModelConfig(**shape | dict(
             mlp="geglu", activation=act, norm="rmsnorm_offset", norm_placement="sandwich", scale_embeddings=True,
             tie_embeddings=c.get("tie_word_embeddings", True),
             layer_types=types if window is not None else None, sliding_window=window,
             query_pre_attn_scalar=c.get("query_pre_attn_scalar", 256),
-            attn_softcap=c.get("attn_logit_softcapping"), final_softcap=c.get("final_logit_softcapping")))
+            attn_softcap=c.get("attn_logit_softcapping"), final_softcap=c.get("final_logit_softcapping"),
+            qk_norm="head" if gemma3 else None, rope_local_theta=local_theta if local_theta != theta else None))
+    if kind == "qwen3_moe":
+        if c.get("hidden_act", "silu") != "silu":
+            raise ModelFileError(f"Qwen3-MoE hidden_act {c['hidden_act']!r} is not supported (only silu)")
+        if c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1:
+            key = "mlp_only_layers" if c.get("mlp_only_layers") else "decoder_sparse_step"
+            raise ModelFileError(f"Qwen3-MoE configs with dense layers among the experts' ({key}={c[key]!r}) are not "
+                                 "supported: every layer must be a mixture of experts")
+        if "num_local_experts" in c:  # (transformers 5's own name for num_experts, which older files use)
+            c = c | {"num_experts": c["num_local_experts"]}
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            if not isinstance(c.get(key), int) or isinstance(c.get(key), bool) or c[key] < 1:
+                raise ModelFileError(f"{key!r} must be a positive whole number, got {c.get(key)!r}")
+        norm_topk = c.get("norm_topk_prob", False)
+        if not isinstance(norm_topk, bool):
+            raise ModelFileError(f"'norm_topk_prob' must be true or false, got {norm_topk!r}")
+        return ModelConfig(**shape | dict(
+            d_ff=c["moe_intermediate_size"], tie_embeddings=c.get("tie_word_embeddings", False), qk_norm="head",
+            n_experts=c["num_experts"], experts_per_token=c["num_experts_per_tok"], norm_topk_prob=norm_topk))
     if kind == "smollm3":
         act = c.get("hidden_act", "silu")
         if act != "silu":
@@ -184,9 +227,32 @@ def _config_from_hf_b(c: dict, kind: str, name: str) -> ModelConfig:
     raise AssertionError(kind)
 
 
-def _layer_types(c: dict, n: int) -> tuple[str, ...]:
-    """config.json's layer_types in lumen's spelling (HF's default: sliding, full, sliding, ...)."""
-    types = c.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+def _gemma3_rope(c: dict) -> tuple[dict, float]:
+    """Gemma 3's config.json with rope_parameters of its full-attention layers only (what _rope reads), and the
+    RoPE base of its sliding layers. Either spelling: transformers 5's rope_parameters by layer kind, or the older
+    rope_theta and rope_local_base_freq."""
+    rope = c.get("rope_parameters") or {}
+    if "full_attention" in rope or "sliding_attention" in rope:
+        full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+        for key, params in (("full_attention", full), ("sliding_attention", local)):
+            if not isinstance(params, dict):
+                raise ModelFileError(f"rope_parameters.{key} must be an object, got {params!r}")
+            if params.get("rope_type", "default") != "default":
+                raise ModelFileError(f"rope_parameters.{key}.rope_type {params['rope_type']!r} (RoPE scaling) is not "
+                                     "supported for Gemma 3 (only plain RoPE)")
+        theta = local.get("rope_theta", c.get("rope_local_base_freq", 10000.0))
+        c = c | {"rope_parameters": full}
+    else:
+        theta = c.get("rope_local_base_freq", 10000.0)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
+        raise ModelFileError(f"the sliding layers' rope_theta must be a positive number, got {theta!r}")
+    return c, float(theta)
+
+
+def _layer_types(c: dict, n: int, period: int = 2) -> tuple[str, ...]:
+    """config.json's layer_types in lumen's spelling (HF's default: every period-th layer full, the others sliding)."""
+    types = c.get("layer_types") or ["full_attention" if (i + 1) % period == 0 else "sliding_attention"
+                                     for i in range(n)]
     back = {v: k for k, v in HF_LAYER_TYPES.items()}
     if not isinstance(types, list) or len(types) != n or not all(t in back for t in types):
         raise ModelFileError(f"'layer_types' must give {' or '.join(back)} for each of the {n} layers, got {types!r}")
@@ -572,8 +638,13 @@ _GEMMA2_BLOCK = _LLAMA_BLOCK | {
     "ln1_post.g": "post_attention_layernorm.weight", "ln2.g": "pre_feedforward_layernorm.weight",
     "ln2_post.g": "post_feedforward_layernorm.weight",
 }
-_TOP |= {"gemma2": _LLAMA_TOP, "smollm3": _LLAMA_TOP}
-_BLOCKS |= {"gemma2": ("model.layers", _GEMMA2_BLOCK)}
+_TOP |= {"gemma2": _LLAMA_TOP, "smollm3": _LLAMA_TOP, "gemma3_text": _LLAMA_TOP, "qwen3_moe": _LLAMA_TOP}
+# Qwen3-MoE: Qwen3's attention; the MLP a router ("gate") and experts whose names _key_map spells out one by one
+_MOE_BLOCK = {k: v for k, v in (_LLAMA_BLOCK | _QK_NORMS).items() if not k.startswith("mlp.")}
+_MOE_BLOCK |= {"mlp.router.weight": "mlp.gate.weight"}
+_EXPERT = {"w_gate.weight": "gate_proj.weight", "w_up.weight": "up_proj.weight", "w_down.weight": "down_proj.weight"}
+_BLOCKS |= {"gemma2": ("model.layers", _GEMMA2_BLOCK), "gemma3_text": ("model.layers", _GEMMA2_BLOCK | _QK_NORMS),
+            "qwen3_moe": ("model.layers", _MOE_BLOCK)}
 _FUSED_QKV = {"gpt2": "attn.c_attn", "gpt_neox": "attention.query_key_value"}
 
 
@@ -584,6 +655,9 @@ def _key_map(cfg: ModelConfig) -> dict[str, str]:
     keys = dict(_TOP[fam])
     for i in range(cfg.n_layers):
         keys.update({f"blocks.{i}.{k}": f"{prefix}.{i}.{v}" for k, v in block.items()})
+        for e in range(cfg.n_experts or 0):  # a mixture of experts: each expert's three matrices
+            keys.update({f"blocks.{i}.mlp.experts.{e}.{k}": f"{prefix}.{i}.mlp.experts.{e}.{v}"
+                         for k, v in _EXPERT.items()})
     return keys
 
 
@@ -685,7 +759,26 @@ def _canonical_names(hf: dict[str, torch.Tensor], fam: str) -> dict[str, torch.T
         return {k if k.startswith("lm_head.") else f"transformer.{k}": v for k, v in hf.items()}
     if fam == "gpt_neox" and "lm_head.weight" in hf and "embed_out.weight" not in hf:
         return {"embed_out.weight" if k == "lm_head.weight" else k: v for k, v in hf.items()}
+    if any(k.endswith(".mlp.experts.gate_up_proj") for k in hf):
+        return _experts_one_by_one(hf)
     return hf
+
+
+def _experts_one_by_one(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5 holds a layer's experts as 3D tensors, gate_up_proj (E, 2 d_ff, d) with each expert's gate
+    rows then its up rows, and down_proj (E, d, d_ff); its files (and save_pretrained) have them one by one."""
+    out = {}
+    for k, t in hf.items():
+        if k.endswith(".mlp.experts.gate_up_proj"):
+            for e, (gate, up) in enumerate(w.chunk(2, dim=0) for w in t.unbind(0)):
+                out[k.replace("gate_up_proj", f"{e}.gate_proj.weight")] = gate
+                out[k.replace("gate_up_proj", f"{e}.up_proj.weight")] = up
+        elif k.endswith(".mlp.experts.down_proj"):
+            for e, down in enumerate(t.unbind(0)):
+                out[k.replace("down_proj", f"{e}.down_proj.weight")] = down
+        else:
+            out[k] = t
+    return out
 
 
 def _decided_by(tensor: str) -> str | None:
