@@ -81,7 +81,7 @@ class GPT(nn.Module):
         # so that the 2N writes into the stream add up to variance ~0.02^2 rather than 2N times it
         for block in blocks:
             mlps = list(block.mlp.experts) if isinstance(block.mlp, MixtureOfExperts) else [block.mlp]  # (MoE: each)
-            writers: list[nn.Linear] = [block.attn.out, *(m.down for m in mlps)]  # type: ignore[misc]  # (.down: Linear)
+            writers: list[nn.Linear] = [block.attn.out, *(m.down for m in mlps)]  # type: ignore[list-item]  # (.down: Linear)
             for lin in writers:
                 nn.init.normal_(lin.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.n_layers))
 
