@@ -13,7 +13,7 @@ from transformers import GemmaConfig, Qwen2Config
 
 from helpers.families import HF_CLASSES, SHAPES, V
 from lumen import GPT, ModelConfig
-from lumen.accounting import count, formula
+from lumen.accounting import count, formula, forward_flops_per_token
 from lumen.block import ParallelBlock
 from lumen.errors import ConfigError, ModelFileError, UserError
 from lumen.formats import load
@@ -37,6 +37,7 @@ PUBLISHED = {  # total parameters as the model cards / the Pythia paper give the
 }
 PUBLISHED |= {  # families-b: the model cards' totals (Gemma 2: its technical report; SmolLM3: the hub's count)
     "gemma2-2b": 2_614_341_888, "gemma2-9b": 9_241_705_984, "smollm3-3b": 3_075_098_624,
+    "gemma3-270m": 268_098_176, "gemma3-1b": 999_885_952, "qwen3-30b-a3b": 30_532_122_624,
 }
 
 
@@ -265,3 +266,16 @@ def test_family_round_trip_through_a_hf_directory(name, tmp_path):
         torch.testing.assert_close(reloaded_hf(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
         assert torch.equal(back(idx)[0], ours(idx)[0])
     assert back.cfg == ours.cfg
+
+
+def test_a_mixture_of_experts_counts_its_active_parameters():
+    """Qwen3-30B-A3B: 30.5B parameters, of which a token uses 3.3B (8 of 128 experts), as its model card says;
+    `lumen count` prints both, and its forward FLOPs count the picked experts only."""
+    cfg = ModelConfig.from_name("qwen3-30b-a3b")
+    c = count(cfg)
+    expert = 3 * cfg.d_model * cfg.hidden
+    assert c.total - c.active == cfg.n_layers * (cfg.n_experts - cfg.experts_per_token) * expert
+    assert 3.3e9 <= c.active < 3.4e9  # (the card: "3.3B activated")
+    dense = cfg.replace(n_experts=cfg.experts_per_token, name="the same with only 8 experts")
+    routers = 2 * cfg.n_layers * cfg.d_model * (cfg.n_experts - cfg.experts_per_token)  # (the only difference)
+    assert forward_flops_per_token(cfg, 1)["weights"] - forward_flops_per_token(dense, 1)["weights"] == routers

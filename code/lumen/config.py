@@ -469,3 +469,28 @@ PRESETS |= {
         d_ff=11008, rope_theta=5000000.0, rope_layers=(True, True, True, False),
     ),
 }
+
+
+# families-b: Gemma 3 (text), Qwen3-MoE --------------------------------------------------------------------------
+def _gemma3(name: str, **kw: Any) -> ModelConfig:
+    """Gemma 3: Gemma 2's sandwich without its soft-caps, q/k norms per head, five 512-token local blocks to each
+    global one, and a RoPE base for each (10,000 local, 1,000,000 global)."""
+    base: dict[str, Any] = dict(
+        vocab_size=262144, context=32768, d_head=256, n_heads=4, n_kv_heads=1, sliding_window=512,
+        layer_types=("sliding",) * 5 + ("full",), rope_theta=1000000.0, rope_local_theta=10000.0,
+        qk_norm="head", attn_softcap=None, final_softcap=None,
+    )
+    return _gemma2(name, **base | kw)
+
+
+PRESETS |= {
+    "gemma3-270m": _gemma3("gemma3-270m", d_model=640, n_layers=18, d_ff=2048),
+    "gemma3-1b": _gemma3("gemma3-1b", d_model=1152, n_layers=26, d_ff=6912),
+    # Qwen3-MoE: Qwen3's attention; each block's MLP 128 SwiGLU experts of width 768, of which 8 run per token
+    "qwen3-30b-a3b": _llama(
+        "qwen3-30b-a3b", vocab_size=151936, context=40960, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4,
+        d_head=128, d_ff=768, rope_theta=1000000.0, norm_eps=1e-6, tie_embeddings=False, qk_norm="head",
+        n_experts=128, experts_per_token=8, norm_topk_prob=True,
+    ),
+}
+
