@@ -78,8 +78,8 @@ def activation_names(model: GPT, every: bool = False) -> list[str]:
     for i, block in enumerate(model.blocks):
         parallel, moe = isinstance(block, ParallelBlock), isinstance(block.mlp, MixtureOfExperts)
         found += [names.activation(i, kind) for kind in (names.KINDS if every else PER_BLOCK)
-                  if not (parallel and kind == "resid_mid") and (kind in names.ROUTER) == moe
-                  and not (moe and kind in ("mlp_pre", "mlp_hidden"))]
+                  if not (parallel and kind == "resid_mid")
+                  and kind not in (names.ROUTER if not moe else ("mlp_pre", "mlp_hidden"))]
     if every and not isinstance(model.ln_f, nn.Identity):
         found.append(names.FINAL_SCALE)
     return found + [names.FINAL]
@@ -120,7 +120,6 @@ def place(model: GPT, name: str) -> Place:
         "attn_scores": Place(attn.scores, "out"), "attn_heads": Place(attn.out, "pre"),
         "z": Place(attn.out, "pre", attn.n_heads), "q": Place(attn.q, "out", attn.n_heads),
         "k": Place(attn.k, "out", attn.n_kv_heads), "v": Place(attn.v, "out", attn.n_kv_heads),
-        "mlp_hidden": Place(block.mlp.down, "pre"),
     }
     simple |= {"q_normed": Place(attn.q_norm, "out"), "k_normed": Place(attn.k_norm, "out")}  # (B, T, heads, d_head)
     if isinstance(block, SandwichBlock):  # what is added to the stream: each branch after its norm on the way out
@@ -136,6 +135,8 @@ def place(model: GPT, name: str) -> Place:
         raise UserError(f"{name}: block {i}'s MLP is not a mixture of experts, so it has no router")
     if kind in simple:
         return simple[kind]
+    if kind == "mlp_hidden":
+        return Place(block.mlp.down, "pre")
     if kind in SCALES:
         return Place(getattr(block, SCALES[kind]), "scale")
     if kind == "mlp_pre":   # the first matrix the MLP applies: W1, or the gate of a gated MLP
