@@ -412,3 +412,17 @@ def test_the_heavier_tools_run_on_each_family(name):
     assert exact.maps["mlp_out"][1, -1] == pytest.approx((metric(patched) - m_bad) / (m_clean - m_bad), abs=1e-4)
     estimate = attribution_patching(model, clean, corrupt, kinds=("resid_pre", "attn_out", "mlp_out"))
     assert estimate.maps["resid_pre"].shape == exact.maps["resid_pre"].shape
+
+
+def test_the_families_page_is_generated_from_the_presets():
+    """docs/families.md is `python -m lumen.families docs/families.md`'s output for today's presets, and every
+    family lumen reads from Hugging Face has its row."""
+    from pathlib import Path
+
+    from lumen import families
+    from lumen.formats.hf import FAMILIES
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "families.md").read_text()
+    assert page == families.page() + "\n", "docs/families.md is stale: run python -m lumen.families docs/families.md"
+    rows = {line.split(" | ")[0].lstrip("| ") for line in page.splitlines() if line.startswith("| ")}
+    assert set(FAMILIES) - {"phi3"} <= rows  # (Phi-3 is read, and written back as Llama or Mistral)
