@@ -14,12 +14,13 @@ from transformers import GemmaConfig, Qwen2Config
 from helpers.families import HF_CLASSES, SHAPES, V
 from lumen import GPT, ModelConfig
 from lumen.accounting import count, formula, forward_flops_per_token
-from lumen.block import ParallelBlock
+from lumen.block import BranchOutputNormBlock, ParallelBlock
 from lumen.errors import ConfigError, ModelFileError, UserError
 from lumen.formats import load
 from lumen.formats.hf import config_from_hf, config_to_hf, from_hf_model, save_hf_dir
 from lumen.inspect import (
     LogitLens,
+    attribute,
     deletion_table,
     evaluate_lens,
     head_scores,
@@ -87,6 +88,10 @@ def test_non_embedding_count_leaves_out_an_untied_unembedding(name, published):
 TINY = dict(vocab_size=V, context=64, d_model=32, n_layers=3, n_heads=4, d_ff=64)
 FAMILY_PRESETS = {"pythia-70m": {}, "qwen2-0.5b": {"n_kv_heads": 2}, "gemma-2b": {"n_kv_heads": 1, "d_head": 16},
                   "mistral-7b": {"n_kv_heads": 2, "sliding_window": 6}}
+# families-a (d_head 8 and rotary 0.5: GPT-J's and Phi-2's partial RoPE rotates 4 of each head's features)
+FAMILY_PRESETS |= {"llama3.2-1b": {"n_kv_heads": 2, "d_head": None}, "qwen3-0.6b": {"n_kv_heads": 2, "d_head": 8},
+                   "olmo2-7b": {"n_kv_heads": 2}, "phi3-mini": {"n_kv_heads": 2, "sliding_window": 6},
+                   "phi-2": {"rotary_fraction": 0.5}, "gpt-j-6b": {"rotary_fraction": 0.5}}
 
 
 def _tiny(name):
@@ -116,15 +121,17 @@ def test_inspection_tools_run_on_each_family(name):
     x = torch.randint(0, V, (2, 20), generator=g)
     logits, cache = run_with_cache(model, x)
     parallel = isinstance(model.blocks[0], ParallelBlock)
-    assert parallel == (name == "pythia-70m") and ("blocks.0.resid_mid" in cache) != parallel
+    assert parallel == (model.cfg.norm_placement.startswith("parallel")) and ("blocks.0.resid_mid" in cache) != parallel
     if parallel:
         with pytest.raises(UserError, match="parallel block"):
             run_with_cache(model, x, ["blocks.0.resid_mid"])
     # the MLP's hidden units: the input of its down-projection, recomputed from the weights
     b = model.blocks[1]
-    h = b.ln2(cache["blocks.1.resid_pre" if parallel else "blocks.1.resid_mid"])
-    if name == "pythia-70m":
-        hidden = F.gelu(F.linear(h, b.mlp.fc.weight, b.mlp.fc.bias))
+    h = cache["blocks.1.resid_pre" if parallel else "blocks.1.resid_mid"]
+    h = h if isinstance(b, BranchOutputNormBlock) else b.ln2(h)   # (OLMo-2's MLP reads the stream itself)
+    if model.cfg.mlp == "mlp":
+        act = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[model.cfg.activation]
+        hidden = act(F.linear(h, b.mlp.fc.weight, b.mlp.fc.bias))
     else:
         act = (lambda t: F.gelu(t, approximate="tanh")) if name == "gemma-2b" else F.silu
         hidden = act(F.linear(h, b.mlp.w_gate.weight)) * F.linear(h, b.mlp.w_up.weight)
@@ -151,12 +158,22 @@ def test_inspection_tools_run_on_each_family(name):
     with torch.no_grad():
         normed = model.ln_f(v) - (model.ln_f.b if parallel else 0)
         scale = torch.sqrt((v.var(unbiased=False) if parallel else v.pow(2).mean()) + model.ln_f.eps)
-        torch.testing.assert_close(value_logits(model, 1, 5), model.lm_head(normed) * scale, atol=1e-4, rtol=1e-4)
+        # (the unembedding's bias, Phi-2's and GPT-J's, is the same for every unit: not a unit's doing)
+        torch.testing.assert_close(value_logits(model, 1, 5), F.linear(normed, model.lm_head.weight) * scale,
+                                   atol=1e-4, rtol=1e-4)
     # head scores: previous-token attention as the cached pattern shows it
     scores = head_scores(model, x, n_random=2, half=8, seed=5)
     pattern = cache.stack("attn_pattern")  # (L, B, H, T, S)
     prev = torch.stack([pattern[..., t, t - 1] for t in range(2, 20)], -1).mean((1, 3))
     torch.testing.assert_close(scores["previous_token"], prev, atol=1e-6, rtol=0)
+    # direct logit attribution: the writes (and biases) sum to the logit difference, the heads to their block's
+    # attention write (through OLMo-2's branch-output norm, its scale frozen), and the stream to the writes
+    a = attribute(model, x[0], contrast=(3, 5))
+    torch.testing.assert_close(a.values.sum(0), (logits[0, :, 3] - logits[0, :, 5]).double(), atol=1e-5, rtol=0)
+    for i in range(model.cfg.n_layers):
+        torch.testing.assert_close(a.heads[i].sum(0) + a.attn_bias[i], a.row(f"blocks.{i}.attn"), atol=1e-6, rtol=0)
+    writes = cache["embed"] + sum(cache[f"blocks.{i}.attn_out"] + cache[f"blocks.{i}.mlp_out"] for i in range(3))
+    torch.testing.assert_close(writes, cache["blocks.2.resid_post"], atol=1e-5, rtol=0)
     if model.cfg.sliding_window:  # nothing outside the window
         T = x.size(1)
         far = torch.ones(T, T, dtype=torch.bool).tril(-model.cfg.sliding_window)

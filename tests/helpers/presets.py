@@ -22,11 +22,16 @@ def tiny_config(name: str, **changes) -> ModelConfig:
         kw["d_head"] = 16
     if cfg.sliding_window is not None:
         kw["sliding_window"] = 5
+    if cfg.positions == "rope" and cfg.rotary_fraction < 1.0:  # partial rotary: half of the 8 features of a head
+        kw["rotary_fraction"] = 0.5
     return cfg.replace(**(kw | changes))
 
 
 # one preset per distinct shape once shrunk (GPT-2's four sizes and baby-gpt are one shape, so are Pythia's two)
-NAMES = list({tiny_config(n).replace(name="tiny"): n for n in reversed(list(PRESETS))}.values())[::-1]
+# (and one Llama 3.x, one Qwen2.5 beside Qwen2: their other sizes differ from it only in RoPE's factor or tying)
+OTHER_SIZES = {"llama3.2-3b", "llama3.1-8b", "qwen2.5-7b"}
+NAMES = list({tiny_config(n).replace(name="tiny"): n
+              for n in reversed(list(PRESETS)) if n not in OTHER_SIZES}.values())[::-1]
 
 
 def tiny_preset(name: str, seed: int = 0, scale: float = 1.0, **changes) -> GPT:

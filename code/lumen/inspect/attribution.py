@@ -34,13 +34,14 @@ from typing import overload
 import torch
 
 from .. import names
+from ..block import BranchOutputNormBlock
 from ..errors import UserError
 from ..model import GPT
 from ..tokenizers import Batch, single_token
 from .cache import run_with_cache
 from .hooks import inputs
 from .readout import Readout
-from .stack import check_sum, check_sum_of_writes, out_norm_factor
+from .stack import check_sum, check_sum_of_writes, normed_write, out_norm_factor
 
 __all__ = ["Attribution", "attribute", "single_token", "top_components"]
 
@@ -50,7 +51,8 @@ class Attribution:
     """Direct contributions to a logit (or a logit difference) at every position of one prompt.
 
     components[c] names row c of values: "embed" (or "tok_emb" and "pos_emb"), "blocks.i.attn",
-    "blocks.i.mlp" for every block, then "ln_f.b" (the final LayerNorm's bias; RMSNorm has none).
+    "blocks.i.mlp" for every block, then "ln_f.b" (the final LayerNorm's bias; RMSNorm has none) and "lm_head.b"
+    (the unembedding's bias, where it has one: Phi-2, GPT-J).
     values[:, t].sum() == logit[t]; heads[i, :, t].sum() + attn_bias[i, t] == the row "blocks.i.attn".
     For a soft-capped model logit is the logit before the cap (the module docstring says why).
     """
@@ -121,6 +123,9 @@ def attribute(
     last = names.activation(L - 1, "resid_post")
     kinds = ("z", "attn_out", "mlp_out")
     wanted = [names.EMBED, last] + [names.activation(i, k) for i in range(L) for k in kinds]
+    # OLMo-2's attention writes ln1(attn): with ln1's scale frozen, linear in the heads again
+    normed = [i for i, b in enumerate(model.blocks) if isinstance(b, BranchOutputNormBlock)]
+    wanted += [names.activation(i, "ln1_scale") for i in normed]
     logits, cache = run_with_cache(model, ids, wanted, mask=mask)
     readout = Readout(model)
     if readout.cap is not None:  # split what the writes add up to: the logits before the cap (same top-1)
@@ -151,17 +156,24 @@ def attribute(
         writes += [cache[names.activation(i, "attn_out")], cache[names.activation(i, "mlp_out")]]
         rows += [names.write(i, "attn"), names.write(i, "mlp")]
         out, z = model.attention(i).out, cache[names.activation(i, "z")]
-        w_i = w * out_norm_factor(model, i, z)          # w read back through a sandwich's frozen post-norm, if any
-        v = (w_i @ out.weight.double()).unflatten(-1, (H, -1))                     # (B, T, H, hd): W_O^T w
+        # what a unit of attn.out's output is worth: w, or through a branch-output norm (OLMo-2) or a sandwich's
+        # post-attention norm (Gemma 2/3), with its scale frozen, w * gain / scale
+        wi = normed_write(model, i, cache)(w) * out_norm_factor(model, i, z)
+        v = (wi @ out.weight.double()).unflatten(-1, (H, -1))                      # (B, T, H, hd): W_O^T w
         heads[i] = (z.double() * v).sum(-1).permute(2, 0, 1).cpu()
         if out.bias is not None:
-            attn_bias[i] = (w_i @ out.bias.double()).cpu()
+            attn_bias[i] = (wi @ out.bias.double()).cpu()
     check_sum(x_final, sum(writes), mask)
     shares = [(c.double() * w).sum(-1) for c in writes]
     bias_share = readout.bias_share(u)
     if bias_share is not None:
         shares.append(bias_share)
         rows.append("ln_f.b")
+    head_bias = model.lm_head.bias
+    if head_bias is not None:  # the unembedding's own bias (Phi-2, GPT-J): the same share whatever the stream holds
+        b_U = head_bias.double()
+        shares.append(b_U[tgt] - (b_U[minus] if minus is not None else 0))
+        rows.append("lm_head.b")
     values = torch.stack(shares).cpu()                                          # (C, B, T)
     real = mask.cpu() if mask is not None else torch.ones(B, T, dtype=torch.bool)
     found = []

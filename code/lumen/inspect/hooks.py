@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from .. import names
-from ..block import MixtureOfExperts, ParallelBlock, PostLNBlock, SandwichBlock, TransformerBlock
+from ..block import BranchOutputNormBlock, MixtureOfExperts, ParallelBlock, PostLNBlock, SandwichBlock, TransformerBlock
 from ..errors import UserError
 from ..model import GPT, plain_attention
 from ..tokenizers import Batch
@@ -114,9 +114,12 @@ def place(model: GPT, name: str) -> Place:
     block = model.blocks[i]
     assert isinstance(block, TransformerBlock)
     attn = model.attention(i)
+    # what each branch adds to the stream: its output, or with OLMo-2's branch-output norms, that norm's
+    normed = isinstance(block, BranchOutputNormBlock)
     simple: dict[str, Place] = {
-        "resid_pre": Place(block, "pre"), "resid_post": Place(block, "out"), "attn_out": Place(attn, "out"),
-        "mlp_out": Place(block.mlp, "out"), "attn_pattern": Place(attn.pattern, "out"),
+        "resid_pre": Place(block, "pre"), "resid_post": Place(block, "out"),
+        "attn_out": Place(block.ln1 if normed else attn, "out"),
+        "mlp_out": Place(block.ln2 if normed else block.mlp, "out"), "attn_pattern": Place(attn.pattern, "out"),
         "attn_scores": Place(attn.scores, "out"), "attn_heads": Place(attn.out, "pre"),
         "z": Place(attn.out, "pre", attn.n_heads), "q": Place(attn.q, "out", attn.n_heads),
         "k": Place(attn.k, "out", attn.n_kv_heads), "v": Place(attn.v, "out", attn.n_kv_heads),
@@ -145,6 +148,8 @@ def place(model: GPT, name: str) -> Place:
     if isinstance(block, ParallelBlock):
         raise UserError(f"{name}: block {i} is a parallel block (attention and MLP read the same stream), "
                         "so there is no stream between them; use resid_pre or resid_post")
+    if normed:  # the MLP reads the stream itself
+        return Place(block.mlp, "readonly")
     return Place(block.ln1, "out") if isinstance(block, PostLNBlock) else Place(block.ln2, "readonly")
 
 

@@ -78,7 +78,7 @@ def value_logits(model: GPT, layer: int, units: int | torch.Tensor | None = None
     gain = getattr(model.ln_f, "gain", None)
     if gain is not None:
         values = values * gain
-    out = model.lm_head(values)
+    out = values @ model.lm_head.weight.T                    # (an unembedding bias moves no logit by a unit)
     return out[0] if isinstance(units, int) else out
 
 

@@ -71,6 +71,15 @@ class Readout:
         self.unembed = model.lm_head
         self.W_U = model.lm_head.weight                   # (V, d): row t reads token t
         self.cap = model.logit_cap if isinstance(model.logit_cap, SoftCap) else None
+        self.b_U = model.lm_head.bias                     # the unembedding's own bias (Phi-2, GPT-J), or None
+
+    def token_bias(self, a: int | Sequence[int] | torch.Tensor, b: int | Sequence[int] | torch.Tensor | None = None
+                   ) -> torch.Tensor | float:
+        """b_U[a] (minus b_U[b]): what the unembedding's bias adds to those logits, whatever the stream (or 0)."""
+        if self.b_U is None:
+            return 0.0
+        bias = self.b_U[torch.as_tensor(a, dtype=torch.long, device=self.b_U.device)]
+        return bias if b is None else bias - self.b_U[torch.as_tensor(b, dtype=torch.long, device=self.b_U.device)]
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) of a stream h (..., d), as the model computes them (soft-capped, if it caps them)."""
@@ -127,14 +136,16 @@ class Readout:
 
     def logits(self, h: torch.Tensor, tokens: int | Sequence[int] | torch.Tensor) -> torch.Tensor:
         """(..., n): the logits of the given tokens only for stream h (..., d), without the whole vocabulary's."""
-        return self.capped(self.norm(h) @ self.directions(tokens).T)
+        bias = self.token_bias(torch.as_tensor(tokens).reshape(-1))
+        return self.capped(self.norm(h) @ self.directions(tokens).T + bias)
 
     def logit_diff(self, h: torch.Tensor, a: int | torch.Tensor, b: int | torch.Tensor) -> torch.Tensor:
         """logit[a] - logit[b] of stream h (..., d); a and b token ids, or tensors of ids that broadcast
         against h's leading axes (one pair per row)."""
         normed = self.norm(h)
         if self.cap is not None:  # the cap is not linear: each logit capped, then the difference
-            return self.cap((normed * self.W_U[torch.as_tensor(a, device=self.W_U.device)]).sum(-1)) - self.cap(
-                (normed * self.W_U[torch.as_tensor(b, device=self.W_U.device)]).sum(-1))
+            W = self.W_U
+            return (self.cap((normed * W[torch.as_tensor(a, device=W.device)]).sum(-1) + self.token_bias(a))
+                    - self.cap((normed * W[torch.as_tensor(b, device=W.device)]).sum(-1) + self.token_bias(b)))
         u = self.W_U[torch.as_tensor(a, device=self.W_U.device)] - self.W_U[torch.as_tensor(b, device=self.W_U.device)]
-        return (normed * u).sum(-1)
+        return (normed * u).sum(-1) + self.token_bias(a, b)

@@ -29,7 +29,7 @@ per layer and position.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -82,28 +82,40 @@ class Stack:
     def logits(self, tokens: Tokens) -> torch.Tensor:
         """(C, B, T, n): each row's share of the logits of the given tokens (float64)."""
         u = self.readout.directions(tokens).double()                             # (n, d)
-        x = torch.einsum("cbtd,nd->cbtn", self.normed().double(), u)
-        return x if self.shared else self.readout.capped(x)   # a lens's rows are logits; writes are shares of one
+        out = torch.einsum("cbtd,nd->cbtn", self.normed().double(), u)
+        # a lens's row is a whole read-out: with the unembedding's bias, then the soft-cap if any (shared rows are
+        # shares of the logits before both: the bias is bias_share's, and the cap is not linear)
+        return out if self.shared else self.readout.capped(out + self.readout.token_bias(torch.as_tensor(tokens)
+                                                                                          .reshape(-1)))
 
     @torch.no_grad()
     def logit_diff(self, a: Tokens, b: Tokens) -> torch.Tensor:
         """(C, B, T): each row's share of logit[a] - logit[b] (float64); a and b token ids, or one per
         prompt of the batch ((B,) each)."""
+        normed = self.normed().double()
         if self.shared or self.readout.cap is None:
-            return (self.normed().double() * self._direction(a, b)).sum(-1)
-        normed, cap = self.normed().double(), self.readout.capped   # a lens's rows: each logit capped, then subtracted
-        return cap((normed * self._rows(a)).sum(-1)) - cap((normed * self._rows(b)).sum(-1))
+            out = (normed * self._direction(a, b)).sum(-1)
+            return out if self.shared else out + self._token_bias(a, b)
+        cap = self.readout.capped   # a lens's rows: each logit with its bias, capped, then subtracted
+        b_a, b_b = self._token_bias(a, None), self._token_bias(b, None)
+        return cap((normed * self._rows(a)).sum(-1) + b_a) - cap((normed * self._rows(b)).sum(-1) + b_b)
 
     @torch.no_grad()
     def bias_share(self, a: Tokens, b: Tokens | None = None) -> torch.Tensor | None:
         """(B, T) or (B, T, n): what the norm's bias adds to logit[a] (minus logit[b]) once; None without a bias."""
-        if self.readout.bias is None:
+        if self.readout.bias is None and self.readout.b_U is None:
             return None
-        bias = self.readout.bias.double()
-        if b is None:
+        bias = self.readout.bias.double() if self.readout.bias is not None else torch.zeros(self.values.size(-1))
+        if b is None:   # (and the unembedding's own bias, Phi-2's and GPT-J's, once)
             share = self.readout.directions(a).double() @ bias                    # (n,)
+            share = share + self.readout.token_bias(torch.as_tensor(a).reshape(-1))
             return share.expand(*self.values.shape[1:3], -1)
-        return (self._direction(a, b) * bias).sum(-1).expand(*self.values.shape[1:3])
+        return ((self._direction(a, b) * bias).sum(-1) + self._token_bias(a, b)).expand(*self.values.shape[1:3])
+
+    def _token_bias(self, a: Tokens, b: Tokens | None) -> torch.Tensor | float:
+        """b_U[a] - b_U[b] as (B, 1) for one pair per prompt (broadcasting over positions), else a scalar."""
+        t = self.readout.token_bias(a, b)
+        return t.double()[:, None] if isinstance(t, torch.Tensor) and t.dim() == 1 else t
 
     def _direction(self, a: Tokens, b: Tokens) -> torch.Tensor:
         """W_U[a] - W_U[b]: (d,) for one pair, (B, 1, d) for one pair per prompt."""
@@ -133,7 +145,7 @@ def decompose(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: torch
     check_sum_of_writes(model)
     L = len(model.blocks)
     last = names.activation(L - 1, "resid_post")
-    kinds = ("z", "attn_out", "mlp_out") if heads else ("attn_out", "mlp_out")
+    kinds = ("z", "attn_out", "mlp_out", "ln1_scale") if heads else ("attn_out", "mlp_out")
     _, cache = run_with_cache(model, idx, [names.EMBED, last] + [names.activation(i, k) for i in range(L)
                                                                   for k in kinds], mask=mask)
     rows, values = [], []
@@ -151,12 +163,14 @@ def decompose(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: torch
             z = cache[names.activation(i, "z")]                                      # (B, T, H, hd)
             H = z.size(2)
             W_O = out.weight.unflatten(1, (H, -1))                                   # (d, H, hd)
-            factor = out_norm_factor(model, i, z)                                    # (B, T, d) or 1
-            values += list(torch.einsum("bthk,dhk->hbtd", z, W_O) * factor)
+            # through OLMo-2's branch-output norm, or a sandwich's post-attention norm (Gemma 2/3), each head's write
+            # times gain / scale (the scale frozen)
+            norm, factor = normed_write(model, i, cache), out_norm_factor(model, i, z)
+            values += [norm(w) * factor for w in torch.einsum("bthk,dhk->hbtd", z, W_O)]
             rows += [names.head(i, h) for h in range(H)]
             if out.bias is not None:
                 rows.append(names.write(i, "attn") + ".bias")
-                values.append(out.bias.expand_as(embed) * factor)
+                values.append(norm(out.bias.expand_as(embed)) * factor)
         else:
             rows.append(names.write(i, "attn"))
             values.append(cache[names.activation(i, "attn_out")])
@@ -209,6 +223,18 @@ def out_norm_factor(model: GPT, layer: int, z: torch.Tensor) -> torch.Tensor | f
     before = attn.out(z.flatten(-2).to(attn.out.weight.dtype))                   # attention's output, pre-norm
     gain: torch.Tensor = block.ln1_post.gain  # type: ignore[assignment]  # (a norm: RMSNorm or OffsetRMSNorm)
     return gain.to(before.dtype) / norm_scale(block.ln1_post, before)
+
+
+def normed_write(model: GPT, i: int, cache) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How a part of block i's attention output reaches the stream: as it is, or through a branch-output norm
+    (OLMo-2) with its scale frozen at the forward pass's (cache holds blocks.i.ln1_scale): c -> c / s * g."""
+    from ..block import BranchOutputNormBlock
+
+    block = model.blocks[i]
+    if not isinstance(block, BranchOutputNormBlock):
+        return lambda c: c
+    scale, gain = cache[names.activation(i, "ln1_scale")], block.ln1.gain
+    return lambda c: c / scale * gain
 
 
 def check_sum_of_writes(model: GPT) -> None:
