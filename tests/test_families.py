@@ -432,14 +432,14 @@ def test_the_heavier_tools_run_on_each_family(name):
 
 
 def test_the_families_page_is_generated_from_the_presets():
-    """docs/families.md is `python -m lumen.families docs/families.md`'s output for today's presets, and every
+    """docs/families.md is `python -m lumen.formats.families docs/families.md`'s output for today's presets, and every
     family lumen reads from Hugging Face has its row."""
     from pathlib import Path
 
-    from lumen import families
+    from lumen.formats import families
     from lumen.formats.hf import FAMILIES
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "families.md").read_text()
-    assert page == families.page() + "\n", "docs/families.md is stale: run python -m lumen.families docs/families.md"
+    assert page == families.page() + "\n", "stale: run python -m lumen.formats.families docs/families.md"
     rows = {line.split(" | ")[0].lstrip("| ") for line in page.splitlines() if line.startswith("| ")}
     assert set(FAMILIES) - {"phi3"} <= rows  # (Phi-3 is read, and written back as Llama or Mistral)

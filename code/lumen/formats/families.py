@@ -3,7 +3,7 @@ families differ (which norm, where it sits, which MLP, how positions are encoded
 chapter's section and to the class that implements it. The chapter: the differences between models "are in the
 details, not in this skeleton"; this page is those details, read off the presets themselves.
 
-    python -m lumen.families docs/families.md      # write the page (tests/test_families.py checks it is current)
+    python -m lumen.formats.families docs/families.md   # write the page (tests/test_families.py: it is current)
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from . import attention, block
-from .config import PRESETS, ModelConfig
-from .errors import LumenError
+from .. import attention, block
+from ..config import PRESETS, ModelConfig
+from ..errors import LumenError
+from .hf import family
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _where(obj: object) -> str:
@@ -109,8 +110,6 @@ COLUMNS: dict[str, tuple[Callable[[ModelConfig], str], str, tuple[object, ...]]]
 
 def family_of(cfg: ModelConfig) -> str:
     """The Hugging Face architecture a preset is written as (lumen's own shape for those none holds)."""
-    from .formats.hf import family
-
     try:
         return family(cfg)
     except LumenError:
@@ -125,8 +124,9 @@ def page() -> str:
     out = [
         "# Model families: the details that differ",
         "",
-        "Generated from the presets by `python -m lumen.families docs/families.md` (`code/lumen/families.py`); a test",
-        "checks it is current. One row per family (the Hugging Face architecture its presets are written as), one",
+        "Generated from the presets by `python -m lumen.formats.families docs/families.md`",
+        "(`code/lumen/formats/families.py`); a test checks it is current. One row per family (the Hugging Face",
+        "architecture its presets are written as), one",
         "column per detail, with every value the family's presets take (`;` between them); `lumen count PRESET`",
         "gives a preset's parameters. Each column's chapter section and classes are listed below the table.",
         "",
