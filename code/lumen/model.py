@@ -48,7 +48,8 @@ class GPT(nn.Module):
 
     Its parts carry the chapter's names: tok_emb (and pos_emb for learned positions), blocks (one
     TransformerBlock, or PostLNBlock, per layer), ln_f (the final norm) and lm_head (the unembedding,
-    tied to tok_emb when cfg.tie_embeddings).
+    tied to tok_emb when cfg.tie_embeddings); logit_cap squashes the logits (Gemma 2's soft-cap) or passes
+    them through.
     """
 
     def __init__(self, cfg: ModelConfig):
