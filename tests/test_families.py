@@ -443,3 +443,21 @@ def test_the_families_page_is_generated_from_the_presets():
     assert page == families.page() + "\n", "stale: run python -m lumen.formats.families docs/families.md"
     rows = {line.split(" | ")[0].lstrip("| ") for line in page.splitlines() if line.startswith("| ")}
     assert set(FAMILIES) - {"phi3"} <= rows  # (Phi-3 is read, and written back as Llama or Mistral)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TOOLS_B)
+def test_the_explorer_page_builds_for_each_family(name):
+    """The explorer's numbers (lenses, attribution, a patching map) for a tiny model of each family; the logit
+    lens it shows ends at the model's own top prediction."""
+    from lumen.report.explore import explore_data
+    from lumen.tokenizers import CharTokenizer
+
+    model = _tiny_b(name)
+    tok = CharTokenizer.from_text("".join(chr(i) for i in range(32, 32 + V)))
+    page = explore_data(model, tok, "hello world", contrast=("a", "b"), corrupt="jello world",
+                        patch_kinds=("resid_pre",))
+    assert {"attribution", "lenses", "ids"} <= set(page)
+    with torch.no_grad():
+        top = model(torch.tensor([tok.encode("hello world")]))[0][0].argmax(-1)
+    assert logit_lens(model, tok.encode("hello world"), k=1).top_ids[-1][:, 0].tolist() == top.tolist()
