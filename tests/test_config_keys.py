@@ -37,6 +37,17 @@ FAMILIES = {
     "phi": ("PhiConfig", "PhiForCausalLM", SMALL),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(vocab_size=V, n_positions=40, n_embd=32, n_layer=2, n_head=2,
                                                    rotary_dim=8)),
+    # families-b (small caps and windows, so that the keys about them change the logits)
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", SMALL | {"num_key_value_heads": 2, "head_dim": 16,
+                                                             "sliding_window": 6, "attn_logit_softcapping": 3.0,
+                                                             "final_logit_softcapping": 4.0}),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", SMALL | {"num_key_value_heads": 1, "head_dim": 16,
+                                                                      "sliding_window": 6}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", SMALL | {"num_key_value_heads": 2, "pad_token_id": 0,
+                                                                "bos_token_id": 1, "eos_token_id": 2}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", SMALL | {"num_key_value_heads": 2, "head_dim": 16,
+                                                                    "moe_intermediate_size": 16, "num_experts": 4,
+                                                                    "num_experts_per_tok": 2}),
 }
 # keys that do not describe the model: how transformers returns results, which precision to load in (lumen's own
 # choice, --dtype), bookkeeping; and "model_type", which names another family altogether

@@ -100,6 +100,21 @@ class InterleavedRoPE(RoPE):
         return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
+class SoftCap(nn.Module):
+    """Soft-capping (Gemma 2): x -> cap * tanh(x / cap). Near 0 it is the identity; large values are squashed
+    smoothly into (-cap, cap), so no attention score or logit runs away (and none is clipped flat)."""
+
+    def __init__(self, cap: float):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cap * torch.tanh(x / self.cap)
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap}"
+
+
 class Padding:
     """Which tokens of a padded batch are real. Prompts of different lengths run side by side once the
     shorter ones are filled up with padding tokens (on the left or on the right); `real` (B, S) is True at
@@ -219,10 +234,14 @@ class MultiHeadAttention(nn.Module):
         window: int | None = None,
         q_norm: nn.Module | None = None,
         k_norm: nn.Module | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ):
         """head_dim defaults to d_model / n_heads; qkv_bias (default: bias) puts biases on W_Q, W_K, W_V
         alone; window: each query sees only the last `window` keys, itself included; q_norm, k_norm: norms
-        of the queries and keys (B, T, heads, d_head) before RoPE (Qwen3, OLMo-2; block.qk_norms)."""
+        of the queries and keys (B, T, heads, d_head) before RoPE (Qwen3, OLMo-2; block.qk_norms); scale: what
+        q.k is multiplied by (default 1 / sqrt(head_dim)); softcap: scores squashed to softcap * tanh(scores /
+        softcap)."""
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
         self.head_dim = head_dim or d_model // n_heads
@@ -236,6 +255,8 @@ class MultiHeadAttention(nn.Module):
         self.k_norm = k_norm or nn.Identity()
         self.rope = rope
         self.window = window
+        self.scale = scale if scale is not None else 1 / math.sqrt(self.head_dim)
+        self.softcap = SoftCap(softcap) if softcap is not None else None
         self.dropout = dropout
         self.scores = nn.Identity()   # named places for the scores before the softmax and for the attention
         self.pattern = nn.Identity()  # weights (plain path only: lumen.inspect's hooks)
@@ -244,13 +265,18 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, q_norm: nn.Module | None = None,
-                    k_norm: nn.Module | None = None) -> MultiHeadAttention:
+                    k_norm: nn.Module | None = None, layer: int = 0) -> MultiHeadAttention:
+        """Block `layer`'s attention: its window and its RoPE base (or none) may differ from block to block."""
         rope = None
-        if cfg.positions == "rope":
-            rope = (InterleavedRoPE if cfg.rope_interleaved else RoPE)(cfg.rotary_dims, cfg.context, cfg.rope_theta,
-                                                                        cfg.rope_scaling)
+        theta = cfg.rope_base(layer)
+        if theta is not None:  # (a base of its own for local layers is never stretched: Gemma 3 stretches global ones)
+            local = cfg.layer_type(layer) == "sliding" and cfg.rope_local_theta is not None
+            rope = (InterleavedRoPE if cfg.rope_interleaved else RoPE)(cfg.rotary_dims, cfg.context, theta,
+                                                                        None if local else cfg.rope_scaling)
+        scale = cfg.query_pre_attn_scalar**-0.5 if cfg.query_pre_attn_scalar is not None else None
         return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.attention_bias, rope, cfg.dropout,
-                   cfg.head_dim, cfg.attention_bias or cfg.qkv_bias, cfg.sliding_window, q_norm, k_norm)
+                   cfg.head_dim, cfg.attention_bias or cfg.qkv_bias, cfg.window(layer), q_norm, k_norm,
+                   scale=scale, softcap=cfg.attn_softcap)
 
     def forward(
         self, x: torch.Tensor, mask: Padding | None = None, cache: LayerCache | None = None
@@ -270,7 +296,8 @@ class MultiHeadAttention(nn.Module):
         allowed = None if plain_causal else visible(slots, k.size(2), mask, self.window)
         # one query (a decoding step) is a pair of small products: plain is faster than the fused
         # kernel there, and compiles into a few fused loops
-        attend = self.attend_sdpa if self.use_sdpa and T > 1 else self.attend_plain
+        # (soft-capping is not in the fused kernel: a capped model always takes the plain path)
+        attend = self.attend_sdpa if self.use_sdpa and T > 1 and self.softcap is None else self.attend_plain
         y = attend(q, k, v, allowed)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -278,7 +305,10 @@ class MultiHeadAttention(nn.Module):
         """The readable path: scores, mask, softmax, weighted average of the values."""
         group = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, S, hd)
-        scores = self.scores(q @ k.transpose(-2, -1) / math.sqrt(self.head_dim))     # (B, h, T, S)
+        scores = q @ k.transpose(-2, -1) * self.scale                                # (B, h, T, S)
+        if self.softcap is not None:  # squashed smoothly into (-cap, cap): no score runs away (Gemma 2)
+            scores = self.softcap(scores)
+        scores = self.scores(scores)
         T, S = scores.shape[-2:]
         if allowed is None:  # plain causal: query t sees keys up to its own position
             allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
@@ -292,7 +322,7 @@ class MultiHeadAttention(nn.Module):
     def attend_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None):
         """The same numbers through PyTorch's fused kernel."""
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, is_causal=allowed is None,
+            q, k, v, attn_mask=allowed, is_causal=allowed is None, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_heads != self.n_heads,
         )
 

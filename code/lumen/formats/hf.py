@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import ModelConfig, RopeScaling
+from ..config import ModelConfig, RopeScaling, pattern
 from ..decode import Sampling
 from ..errors import ConfigError, FetchError, MissingFileError, ModelFileError, UserError
 from ..files import atomic_dir, read_json
@@ -46,12 +46,22 @@ ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2"
 FAMILIES += ("qwen3", "olmo2", "phi3", "phi", "gptj")
 ARCHITECTURES |= {"qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi": "PhiForCausalLM",
                   "gptj": "GPTJForCausalLM"}
+# families-b: per-layer windows and RoPE, sandwich norms, soft-capping, mixtures of experts
+FAMILIES_B = ("gemma2", "gemma3_text", "smollm3", "qwen3_moe")
+FAMILIES += FAMILIES_B
+ARCHITECTURES |= {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                  "qwen3_moe": "Qwen3MoeForCausalLM"}
+# lumen's kinds of attention layer (ModelConfig.layer_types) in HF's spelling
+HF_LAYER_TYPES = {"full": "full_attention", "sliding": "sliding_attention"}
 
 
 # ---------------------------------------------------------------------------------------------
 # config.json
 def family(cfg: ModelConfig) -> str:
     """Which Hugging Face architecture can hold this config (one of FAMILIES)."""
+    b = _family_b(cfg)
+    if b is not None:
+        return b
     fam = _family_a(cfg)
     if fam is not None:
         return fam
@@ -81,6 +91,172 @@ def family(cfg: ModelConfig) -> str:
         "biases + pre-LN; Llama needs rmsnorm + swiglu + rope + pre-LN (Qwen2: + qkv_bias, Mistral: + sliding_window); "
         "Gemma needs rmsnorm_offset + geglu + scale_embeddings; GPT-NeoX needs layernorm + mlp + rope + biases"
     )
+
+
+def _family_b(cfg: ModelConfig) -> str | None:
+    """families-b's architectures (FAMILIES_B), or None for the others; a config with one of their details
+    that fits none of them is refused here."""
+    details = (cfg.norm_placement == "sandwich", cfg.layer_types is not None, cfg.rope_local_theta is not None,
+               not all(cfg.rope_layers), cfg.query_pre_attn_scalar is not None, cfg.attn_softcap is not None,
+               cfg.final_softcap is not None, cfg.n_experts is not None)
+    if not any(details):
+        return None
+    plain = cfg.positions == "rope" and cfg.rotary_fraction == 1.0 and not (cfg.qkv_bias or cfg.bias)
+    plain = plain and not (cfg.rope_interleaved or cfg.head_bias) and cfg.attn_bias is None and cfg.rope_scaling is None
+    gemma = (cfg.mlp, cfg.norm, cfg.norm_placement) == ("geglu", "rmsnorm_offset", "sandwich") and cfg.scale_embeddings
+    if plain and gemma and all(cfg.rope_layers) and cfg.n_experts is None:
+        if cfg.qk_norm is None and cfg.rope_local_theta is None:
+            return "gemma2"
+        if cfg.qk_norm == "head" and cfg.attn_softcap is None and cfg.final_softcap is None:
+            return "gemma3_text"
+    llama = (cfg.mlp, cfg.norm, cfg.norm_placement) == ("swiglu", "rmsnorm", "pre") and not cfg.scale_embeddings
+    rest = (cfg.layer_types, cfg.rope_local_theta, cfg.query_pre_attn_scalar, cfg.attn_softcap, cfg.final_softcap,
+            cfg.sliding_window)
+    if plain and llama and all(v is None for v in rest):
+        if cfg.n_experts is None and cfg.qk_norm is None:
+            return "smollm3"
+        if cfg.n_experts is not None and cfg.qk_norm == "head" and all(cfg.rope_layers):
+            return "qwen3_moe"
+    raise ModelFileError(
+        f"config {cfg.name!r} matches no Hugging Face architecture: Gemma 2 needs rmsnorm_offset + geglu + sandwich "
+        "norms + scale_embeddings (Gemma 3: + per-head q/k norms, no soft-caps); SmolLM3 is Llama with rope_layers; "
+        "Qwen3-MoE is Qwen3 (per-head q/k norms) with n_experts"
+    )
+
+
+def _config_to_hf_b(cfg: ModelConfig, fam: str, out: dict) -> dict:
+    """config.json's keys for families-b's architectures, added to the Llama-style ones in `out`."""
+    if fam in ("gemma2", "gemma3_text"):
+        out.pop("hidden_act")
+        types = [HF_LAYER_TYPES[t] for t in cfg.per_layer(cfg.layer_types or (cfg.layer_type(0),))]
+        out |= {"hidden_activation": HF_ACTIVATIONS_GATED[cfg.activation], "attention_bias": False,
+                "query_pre_attn_scalar": _number(cfg.query_pre_attn_scalar or cfg.head_dim),
+                "sliding_window": cfg.sliding_window, "layer_types": types,
+                "attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.final_softcap}
+    if fam == "gemma3_text":  # a RoPE base for each kind of layer
+        out.pop("rope_theta")
+        out["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_base_of("sliding")},
+            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta}}
+        out |= {"use_bidirectional_attention": False, "pad_token_id": 0, "bos_token_id": None, "eos_token_id": None}
+    if fam == "qwen3_moe":
+        out |= {"attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+                "num_experts": cfg.n_experts, "num_experts_per_tok": cfg.experts_per_token,
+                "moe_intermediate_size": cfg.hidden, "norm_topk_prob": cfg.norm_topk_prob,
+                "decoder_sparse_step": 1, "mlp_only_layers": []}
+    if fam == "smollm3":
+        out |= {"attention_bias": False, "mlp_bias": False, "use_sliding_window": False, "sliding_window": None,
+                "no_rope_layers": [int(r) for r in cfg.per_layer(cfg.rope_layers)],  # (HF: 1 = has RoPE)
+                "layer_types": ["full_attention"] * cfg.n_layers,
+                "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}  # (HF's defaults: Llama 3's ids)
+    return out
+
+
+def _number(x: float) -> int | float:
+    """A whole number as an int (HF's strict config fields refuse 256.0 where they expect 256)."""
+    return int(x) if float(x).is_integer() else x
+
+
+# a gated MLP's GELU in HF's spelling (Gemma 2's hidden_activation): the tanh one as HF's Gemma configs name it
+HF_ACTIVATIONS_GATED = HF_ACTIVATIONS | {"gelu_tanh": "gelu_pytorch_tanh"}
+
+
+def _config_from_hf_b(c: dict, kind: str, name: str) -> ModelConfig:
+    """The ModelConfig of a config.json of one of FAMILIES_B."""
+    local_theta = None
+    if kind == "gemma3_text":  # rope_parameters by kind of layer: {"sliding_attention": {...}, "full_attention": ...}
+        c, local_theta = _gemma3_rope(c)
+    theta, fraction = _rope(c)
+    if fraction != 1.0:
+        raise ModelFileError(f"{kind} configs with partial rotary ({fraction}) are not supported")
+    for key in ("attention_bias", "mlp_bias", "use_sliding_window", "use_bidirectional_attention"):
+        if c.get(key):
+            raise ModelFileError(f"{kind} configs with {key}=true are not supported")
+    d, h = c["hidden_size"], c["num_attention_heads"]
+    shape = dict(name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=d,
+                 n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
+                 d_head=None if c.get("head_dim") in (None, d / h) else c["head_dim"], d_ff=c["intermediate_size"],
+                 norm_eps=c.get("rms_norm_eps", 1e-6),
+                 positions="rope", rope_theta=theta, bias=False, mlp="swiglu", activation="silu", norm="rmsnorm")
+    n = c["num_hidden_layers"]
+    if kind in ("gemma2", "gemma3_text"):
+        gemma3 = kind == "gemma3_text"
+        types = _layer_types(c, n, 6 if gemma3 else 2)
+        window = c.get("sliding_window")
+        act = _activation(c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh", kind)
+        if act not in ("gelu_tanh", "gelu"):
+            raise ModelFileError(f"{kind} hidden_activation {act!r} is not supported (only a GELU)")
+        return ModelConfig(**shape | dict(
+            mlp="geglu", activation=act, norm="rmsnorm_offset", norm_placement="sandwich", scale_embeddings=True,
+            tie_embeddings=c.get("tie_word_embeddings", True),
+            layer_types=types if window is not None else None, sliding_window=window,
+            query_pre_attn_scalar=c.get("query_pre_attn_scalar", 256),
+            attn_softcap=c.get("attn_logit_softcapping"), final_softcap=c.get("final_logit_softcapping"),
+            qk_norm="head" if gemma3 else None, rope_local_theta=local_theta if local_theta != theta else None))
+    if kind == "qwen3_moe":
+        if c.get("hidden_act", "silu") != "silu":
+            raise ModelFileError(f"Qwen3-MoE hidden_act {c['hidden_act']!r} is not supported (only silu)")
+        if c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1:
+            key = "mlp_only_layers" if c.get("mlp_only_layers") else "decoder_sparse_step"
+            raise ModelFileError(f"Qwen3-MoE configs with dense layers among the experts' ({key}={c[key]!r}) are not "
+                                 "supported: every layer must be a mixture of experts")
+        if "num_local_experts" in c:  # (transformers 5's own name for num_experts, which older files use)
+            c = c | {"num_experts": c["num_local_experts"]}
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            if not isinstance(c.get(key), int) or isinstance(c.get(key), bool) or c[key] < 1:
+                raise ModelFileError(f"{key!r} must be a positive whole number, got {c.get(key)!r}")
+        norm_topk = c.get("norm_topk_prob", False)
+        if not isinstance(norm_topk, bool):
+            raise ModelFileError(f"'norm_topk_prob' must be true or false, got {norm_topk!r}")
+        return ModelConfig(**shape | dict(
+            d_ff=c["moe_intermediate_size"], tie_embeddings=c.get("tie_word_embeddings", False), qk_norm="head",
+            n_experts=c["num_experts"], experts_per_token=c["num_experts_per_tok"], norm_topk_prob=norm_topk))
+    if kind == "smollm3":
+        act = c.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelFileError(f"SmolLM3 hidden_act {act!r} is not supported (only silu)")
+        flags = c.get("no_rope_layers")
+        if flags is None:  # HF's default: every no_rope_layer_interval-th block without RoPE
+            every = c.get("no_rope_layer_interval", 4)
+            flags = [int((i + 1) % every != 0) for i in range(n)]
+        if not isinstance(flags, list) or len(flags) != n or not set(flags) <= {0, 1}:
+            raise ModelFileError(f"'no_rope_layers' must list 1 (RoPE) or 0 (none) for each of the {n} layers, "
+                                 f"got {flags!r}")
+        return ModelConfig(**shape | dict(tie_embeddings=c.get("tie_word_embeddings", True),
+                                          rope_layers=pattern([bool(f) for f in flags])))
+    raise AssertionError(kind)
+
+
+def _gemma3_rope(c: dict) -> tuple[dict, float]:
+    """Gemma 3's config.json with rope_parameters of its full-attention layers only (what _rope reads), and the
+    RoPE base of its sliding layers. Either spelling: transformers 5's rope_parameters by layer kind, or the older
+    rope_theta and rope_local_base_freq."""
+    rope = c.get("rope_parameters") or {}
+    if "full_attention" in rope or "sliding_attention" in rope:
+        full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+        for key, params in (("full_attention", full), ("sliding_attention", local)):
+            if not isinstance(params, dict):
+                raise ModelFileError(f"rope_parameters.{key} must be an object, got {params!r}")
+            if params.get("rope_type", "default") != "default":
+                raise ModelFileError(f"rope_parameters.{key}.rope_type {params['rope_type']!r} (RoPE scaling) is not "
+                                     "supported for Gemma 3 (only plain RoPE)")
+        theta = local.get("rope_theta", c.get("rope_local_base_freq", 10000.0))
+        c = c | {"rope_parameters": full}
+    else:
+        theta = c.get("rope_local_base_freq", 10000.0)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
+        raise ModelFileError(f"the sliding layers' rope_theta must be a positive number, got {theta!r}")
+    return c, float(theta)
+
+
+def _layer_types(c: dict, n: int, period: int = 2) -> tuple[str, ...]:
+    """config.json's layer_types in lumen's spelling (HF's default: every period-th layer full, the others sliding)."""
+    types = c.get("layer_types") or ["full_attention" if (i + 1) % period == 0 else "sliding_attention"
+                                     for i in range(n)]
+    back = {v: k for k, v in HF_LAYER_TYPES.items()}
+    if not isinstance(types, list) or len(types) != n or not all(t in back for t in types):
+        raise ModelFileError(f"'layer_types' must give {' or '.join(back)} for each of the {n} layers, got {types!r}")
+    return pattern([back[t] for t in types])
 
 
 def _family_a(cfg: ModelConfig) -> str | None:
@@ -171,6 +347,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         out["sliding_window"] = cfg.sliding_window
     if fam == "qwen2":
         out |= {"use_sliding_window": False, "sliding_window": None}
+    if fam in FAMILIES_B:
+        out = _config_to_hf_b(cfg, fam, out)
     return out
 
 
@@ -230,6 +408,7 @@ _HF_INTS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner
             "rotary_dim")
 _HF_FLOATS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_theta", "rotary_emb_base", "rotary_pct",
               "partial_rotary_factor")
+_HF_OPTIONAL_FLOATS = ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")  # null: none
 _HF_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "scale_attn_by_inverse_layer_idx",
              "reorder_and_upcast_attn", "scale_attn_weights", "use_sliding_window", "qk_layernorm")
 _HF_REQUIRED = {"gpt2": ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"),
@@ -245,7 +424,7 @@ def check_hf_config(c: object) -> None:
     kind = c.get("model_type")
     if not isinstance(kind, str):
         raise ModelFileError(f"'model_type' must be a string such as \"llama\", got {kind!r}")
-    like_llama = ("mistral", "qwen2", "gemma", "gpt_neox", "qwen3", "olmo2", "phi3", "phi")
+    like_llama = ("mistral", "qwen2", "gemma", "gpt_neox", "qwen3", "olmo2", "phi3", "phi", *FAMILIES_B)
     for key in _HF_REQUIRED.get("llama" if kind in like_llama else kind, ()):
         if c.get(key) is None:
             raise ModelFileError(f"the config lacks {key!r}, which a {kind} model needs")
@@ -257,6 +436,10 @@ def check_hf_config(c: object) -> None:
             if (v is not None or keys is _HF_FLOATS and key in c) and (isinstance(v, bool) != (keys is _HF_BOOLS)
                                                                        or not ok(v)):
                 raise ModelFileError(f"{key!r} must be {what}, got {v!r}")
+    for key in _HF_OPTIONAL_FLOATS:
+        v = c.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+            raise ModelFileError(f"{key!r} must be a positive number or null, got {v!r}")
     for key in ("rope_parameters", "rope_scaling"):
         if not isinstance(c.get(key), (dict, type(None))):
             raise ModelFileError(f"{key!r} must be an object, got {c[key]!r}")
@@ -329,6 +512,8 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
             tie_embeddings=c.get("tie_word_embeddings", gemma), scale_embeddings=gemma, sliding_window=window,
             rope_scaling=scaling,
         )
+    if kind in FAMILIES_B:
+        return _config_from_hf_b(c, kind, name)
     raise ModelFileError(f"Hugging Face model_type {kind!r} is not supported; supported: {', '.join(FAMILIES)}")
 
 
@@ -453,6 +638,18 @@ _TOP |= {
 }
 _BLOCKS |= {"qwen3": ("model.layers", _LLAMA_BLOCK | _QK_NORMS), "olmo2": ("model.layers", _OLMO2_BLOCK),
             "phi": ("model.layers", _PHI_BLOCK), "gptj": ("transformer.h", _GPTJ_BLOCK)}
+# families-b: Gemma 2's sandwich (a norm before and after each branch); SmolLM3 is Llama's layout
+_GEMMA2_BLOCK = _LLAMA_BLOCK | {
+    "ln1_post.g": "post_attention_layernorm.weight", "ln2.g": "pre_feedforward_layernorm.weight",
+    "ln2_post.g": "post_feedforward_layernorm.weight",
+}
+_TOP |= {"gemma2": _LLAMA_TOP, "smollm3": _LLAMA_TOP, "gemma3_text": _LLAMA_TOP, "qwen3_moe": _LLAMA_TOP}
+# Qwen3-MoE: Qwen3's attention; the MLP a router ("gate") and experts whose names _key_map spells out one by one
+_MOE_BLOCK = {k: v for k, v in (_LLAMA_BLOCK | _QK_NORMS).items() if not k.startswith("mlp.")}
+_MOE_BLOCK |= {"mlp.router.weight": "mlp.gate.weight"}
+_EXPERT = {"w_gate.weight": "gate_proj.weight", "w_up.weight": "up_proj.weight", "w_down.weight": "down_proj.weight"}
+_BLOCKS |= {"gemma2": ("model.layers", _GEMMA2_BLOCK), "gemma3_text": ("model.layers", _GEMMA2_BLOCK | _QK_NORMS),
+            "qwen3_moe": ("model.layers", _MOE_BLOCK)}
 _FUSED_QKV = {"gpt2": "attn.c_attn", "gpt_neox": "attention.query_key_value"}
 
 
@@ -463,6 +660,9 @@ def _key_map(cfg: ModelConfig) -> dict[str, str]:
     keys = dict(_TOP[fam])
     for i in range(cfg.n_layers):
         keys.update({f"blocks.{i}.{k}": f"{prefix}.{i}.{v}" for k, v in block.items()})
+        for e in range(cfg.n_experts or 0):  # a mixture of experts: each expert's three matrices
+            keys.update({f"blocks.{i}.mlp.experts.{e}.{k}": f"{prefix}.{i}.mlp.experts.{e}.{v}"
+                         for k, v in _EXPERT.items()})
     return keys
 
 
@@ -564,7 +764,26 @@ def _canonical_names(hf: dict[str, torch.Tensor], fam: str) -> dict[str, torch.T
         return {k if k.startswith("lm_head.") else f"transformer.{k}": v for k, v in hf.items()}
     if fam == "gpt_neox" and "lm_head.weight" in hf and "embed_out.weight" not in hf:
         return {"embed_out.weight" if k == "lm_head.weight" else k: v for k, v in hf.items()}
+    if any(k.endswith(".mlp.experts.gate_up_proj") for k in hf):
+        return _experts_one_by_one(hf)
     return hf
+
+
+def _experts_one_by_one(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5 holds a layer's experts as 3D tensors, gate_up_proj (E, 2 d_ff, d) with each expert's gate
+    rows then its up rows, and down_proj (E, d, d_ff); its files (and save_pretrained) have them one by one."""
+    out = {}
+    for k, t in hf.items():
+        if k.endswith(".mlp.experts.gate_up_proj"):
+            for e, (gate, up) in enumerate(w.chunk(2, dim=0) for w in t.unbind(0)):
+                out[k.replace("gate_up_proj", f"{e}.gate_proj.weight")] = gate
+                out[k.replace("gate_up_proj", f"{e}.up_proj.weight")] = up
+        elif k.endswith(".mlp.experts.down_proj"):
+            for e, down in enumerate(t.unbind(0)):
+                out[k.replace("down_proj", f"{e}.down_proj.weight")] = down
+        else:
+            out[k] = t
+    return out
 
 
 def _decided_by(tensor: str) -> str | None:

@@ -17,6 +17,10 @@ attn_out = sum over h of W_O[:, h] z_h + b_O, so head h contributes z_h . (W_O[:
     >>> a = attribute(model, ids, contrast=(tok.encode(" Paris")[0], tok.encode(" Rome")[0]))  # doctest: +SKIP
     >>> a.values[:, -1].sum(), a.logit[-1]              # equal to ~1e-6              # doctest: +SKIP
 
+A soft-capped model (Gemma 2) squashes its logits last, cap * tanh(logit / cap), which is not linear: no
+split of the capped logit into shares is exact. What is split is the logit before the cap, which the writes
+do add up to (and which the cap maps one to one onto the model's logit); `Attribution.logit` is that one.
+
 "Direct" means what a write adds through the stream straight to the read-out, not what it changes by
 feeding later blocks (activation patching, lumen.inspect.patching, measures that).
 """
@@ -37,7 +41,7 @@ from ..tokenizers import Batch, single_token
 from .cache import run_with_cache
 from .hooks import inputs
 from .readout import Readout
-from .stack import check_sum, check_sum_of_writes, normed_write
+from .stack import check_sum, check_sum_of_writes, normed_write, out_norm_factor
 
 __all__ = ["Attribution", "attribute", "single_token", "top_components"]
 
@@ -50,6 +54,7 @@ class Attribution:
     "blocks.i.mlp" for every block, then "ln_f.b" (the final LayerNorm's bias; RMSNorm has none) and "lm_head.b"
     (the unembedding's bias, where it has one: Phi-2, GPT-J).
     values[:, t].sum() == logit[t]; heads[i, :, t].sum() + attn_bias[i, t] == the row "blocks.i.attn".
+    For a soft-capped model logit is the logit before the cap (the module docstring says why).
     """
 
     ids: list[int]
@@ -122,9 +127,11 @@ def attribute(
     normed = [i for i, b in enumerate(model.blocks) if isinstance(b, BranchOutputNormBlock)]
     wanted += [names.activation(i, "ln1_scale") for i in normed]
     logits, cache = run_with_cache(model, ids, wanted, mask=mask)
+    readout = Readout(model)
+    if readout.cap is not None:  # split what the writes add up to: the logits before the cap (same top-1)
+        logits = readout.linear(cache[last])
     logits = logits.double()                                                     # (B, T, V)
     tgt, minus = _targets(logits, target, contrast, batched)                     # (B, T) each
-    readout = Readout(model)
     W_U = readout.W_U
     u = W_U[tgt].double() - (W_U[minus].double() if minus is not None else 0)   # (B, T, d)
     logit = logits.gather(-1, tgt[..., None])[..., 0]
@@ -148,11 +155,12 @@ def attribute(
     for i in range(L):
         writes += [cache[names.activation(i, "attn_out")], cache[names.activation(i, "mlp_out")]]
         rows += [names.write(i, "attn"), names.write(i, "mlp")]
-        out = model.attention(i).out
-        # what a unit of attn.out's output is worth: w, or through a branch-output norm w * gain / scale
-        wi = normed_write(model, i, cache)(w)
+        out, z = model.attention(i).out, cache[names.activation(i, "z")]
+        # what a unit of attn.out's output is worth: w, or through a branch-output norm (OLMo-2) or a sandwich's
+        # post-attention norm (Gemma 2/3), with its scale frozen, w * gain / scale
+        wi = normed_write(model, i, cache)(w) * out_norm_factor(model, i, z)
         v = (wi @ out.weight.double()).unflatten(-1, (H, -1))                      # (B, T, H, hd): W_O^T w
-        heads[i] = (cache[names.activation(i, "z")].double() * v).sum(-1).permute(2, 0, 1).cpu()
+        heads[i] = (z.double() * v).sum(-1).permute(2, 0, 1).cpu()
         if out.bias is not None:
             attn_bias[i] = (wi @ out.bias.double()).cpu()
     check_sum(x_final, sum(writes), mask)

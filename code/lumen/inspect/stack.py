@@ -8,9 +8,11 @@ is the sum of its writes (the chapter's residual picture):
 
 `decompose` stacks those writes (the heads too, with heads=True); with the final norm's scale frozen at
 the value the forward pass used at each position (`Readout.frozen`), their read-outs add up to the
-model's own logits, less the norm's bias, which is counted once. `accumulated` stacks the stream after
-the embedding and after every block; each row is read with its own scale, as if the model ended there:
-that is the logit lens, here for chosen tokens or a logit difference, per layer and position.
+model's own logits, less the norm's bias, which is counted once (a soft-capped model's logits before the cap:
+the cap is not linear, so the writes add up to what it squashes). `accumulated` stacks the stream after
+the embedding and after every block; each row is read with its own scale, as if the model ended there (and
+capped, as the model's logits are): that is the logit lens, here for chosen tokens or a logit difference,
+per layer and position.
 
     >>> model = GPT.from_preset("baby-llama", n_layers=2).eval()
     >>> idx = torch.tensor([[1, 2, 3, 4]])
@@ -38,7 +40,7 @@ from ..model import GPT
 from ..tokenizers import Batch
 from .cache import run_with_cache
 from .hooks import inputs
-from .readout import Readout
+from .readout import Readout, norm_scale
 
 TOLERANCE = 1e-3   # the largest |stream - sum of its named writes|, relative to the stream's size
 
@@ -81,16 +83,22 @@ class Stack:
         """(C, B, T, n): each row's share of the logits of the given tokens (float64)."""
         u = self.readout.directions(tokens).double()                             # (n, d)
         out = torch.einsum("cbtd,nd->cbtn", self.normed().double(), u)
-        # a lens's row is a whole read-out: with the unembedding's bias (shared rows leave it to bias_share)
-        return out if self.shared else out + self.readout.token_bias(torch.as_tensor(tokens).reshape(-1))
+        # a lens's row is a whole read-out: with the unembedding's bias, then the soft-cap if any (shared rows are
+        # shares of the logits before both: the bias is bias_share's, and the cap is not linear)
+        return out if self.shared else self.readout.capped(out + self.readout.token_bias(torch.as_tensor(tokens)
+                                                                                          .reshape(-1)))
 
     @torch.no_grad()
     def logit_diff(self, a: Tokens, b: Tokens) -> torch.Tensor:
         """(C, B, T): each row's share of logit[a] - logit[b] (float64); a and b token ids, or one per
         prompt of the batch ((B,) each)."""
-        u = self._direction(a, b)
-        out = (self.normed().double() * u).sum(-1)
-        return out if self.shared else out + self._token_bias(a, b)
+        normed = self.normed().double()
+        if self.shared or self.readout.cap is None:
+            out = (normed * self._direction(a, b)).sum(-1)
+            return out if self.shared else out + self._token_bias(a, b)
+        cap = self.readout.capped   # a lens's rows: each logit with its bias, capped, then subtracted
+        b_a, b_b = self._token_bias(a, None), self._token_bias(b, None)
+        return cap((normed * self._rows(a)).sum(-1) + b_a) - cap((normed * self._rows(b)).sum(-1) + b_b)
 
     @torch.no_grad()
     def bias_share(self, a: Tokens, b: Tokens | None = None) -> torch.Tensor | None:
@@ -104,16 +112,19 @@ class Stack:
             return share.expand(*self.values.shape[1:3], -1)
         return ((self._direction(a, b) * bias).sum(-1) + self._token_bias(a, b)).expand(*self.values.shape[1:3])
 
-    def _token_bias(self, a: Tokens, b: Tokens) -> torch.Tensor | float:
+    def _token_bias(self, a: Tokens, b: Tokens | None) -> torch.Tensor | float:
         """b_U[a] - b_U[b] as (B, 1) for one pair per prompt (broadcasting over positions), else a scalar."""
         t = self.readout.token_bias(a, b)
         return t.double()[:, None] if isinstance(t, torch.Tensor) and t.dim() == 1 else t
 
     def _direction(self, a: Tokens, b: Tokens) -> torch.Tensor:
         """W_U[a] - W_U[b]: (d,) for one pair, (B, 1, d) for one pair per prompt."""
+        return self._rows(a) - self._rows(b)
+
+    def _rows(self, a: Tokens) -> torch.Tensor:
+        """W_U[a]: (d,) for one token, (B, 1, d) for one per prompt."""
         W = self.readout.W_U
-        ta, tb = (torch.as_tensor(t, dtype=torch.long, device=W.device) for t in (a, b))
-        u = (W[ta].double() - W[tb].double())
+        u = W[torch.as_tensor(a, dtype=torch.long, device=W.device)].double()
         if u.dim() == 2:
             if u.size(0) != self.values.size(1):
                 raise UserError(f"{u.size(0)} answer pairs for a batch of {self.values.size(1)} prompts: give one "
@@ -152,13 +163,14 @@ def decompose(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: torch
             z = cache[names.activation(i, "z")]                                      # (B, T, H, hd)
             H = z.size(2)
             W_O = out.weight.unflatten(1, (H, -1))                                   # (d, H, hd)
-            # through OLMo-2's branch-output norm, each head's write times gain / scale (the scale frozen)
-            norm = normed_write(model, i, cache)
-            values += [norm(w) for w in torch.einsum("bthk,dhk->hbtd", z, W_O)]
+            # through OLMo-2's branch-output norm, or a sandwich's post-attention norm (Gemma 2/3), each head's write
+            # times gain / scale (the scale frozen)
+            norm, factor = normed_write(model, i, cache), out_norm_factor(model, i, z)
+            values += [norm(w) * factor for w in torch.einsum("bthk,dhk->hbtd", z, W_O)]
             rows += [names.head(i, h) for h in range(H)]
             if out.bias is not None:
                 rows.append(names.write(i, "attn") + ".bias")
-                values.append(norm(out.bias.expand_as(embed)))
+                values.append(norm(out.bias.expand_as(embed)) * factor)
         else:
             rows.append(names.write(i, "attn"))
             values.append(cache[names.activation(i, "attn_out")])
@@ -195,6 +207,22 @@ def accumulated(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: tor
     stack = torch.stack(values)
     readout = Readout(model)
     return Stack(rows, stack, readout.scale(stack), readout, shared=False, mask=mask)
+
+
+def out_norm_factor(model: GPT, layer: int, z: torch.Tensor) -> torch.Tensor | float:
+    """What block `layer` multiplies its attention's output by on the way into the stream: 1, or for a sandwich
+    block (Gemma 2) its post-attention RMSNorm with the scale frozen at the forward pass's, gain / s (B, T, d).
+    Frozen, that norm is linear, so the heads' writes (each head's output through W_O, times this) add up to
+    attn_out. z: the block's per-head outputs (B, T, H, d_head)."""
+    from ..block import SandwichBlock
+
+    block = model.blocks[layer]
+    if not isinstance(block, SandwichBlock):
+        return 1.0
+    attn = model.attention(layer)
+    before = attn.out(z.flatten(-2).to(attn.out.weight.dtype))                   # attention's output, pre-norm
+    gain: torch.Tensor = block.ln1_post.gain  # type: ignore[assignment]  # (a norm: RMSNorm or OffsetRMSNorm)
+    return gain.to(before.dtype) / norm_scale(block.ln1_post, before)
 
 
 def normed_write(model: GPT, i: int, cache) -> Callable[[torch.Tensor], torch.Tensor]:
