@@ -187,5 +187,5 @@ def test_unknown_tensor_is_an_error_not_ignored(tmp_path):
     """A tensor lumen has no place for (here a bias on W_Q) must stop the load, not be dropped silently."""
     path = tmp_path / "bias.gguf"
     write_gguf(path, tiny_model(), extra={"blk.1.attn_q.bias": np.zeros(64, dtype=np.float32)})
-    with pytest.raises(GGUFError, match="blk.1.attn_q.bias has no place in lumen's Llama model"):
+    with pytest.raises(GGUFError, match="blk.1.attn_q.bias has no place in lumen's 'llama' model"):
         read_gguf(path)

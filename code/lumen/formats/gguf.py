@@ -1,12 +1,16 @@
 """llama.cpp's GGUF files: hyper-parameters from the metadata, tensors dequantized to float32 by the
-`gguf` package, mapped onto lumen's Llama-family model; the tokenizer rebuilt as a `tokenizers` BPE.
+`gguf` package (every type it can dequantize: F16, BF16, Q4_0..Q8_0, the K-quants Q2_K..Q6_K that Q4_K_M and
+friends are made of, the IQ types), mapped onto lumen's model by the architecture's table (gguf_arch.py: Llama,
+Qwen2, Gemma, ...); the tokenizer rebuilt as a `tokenizers` BPE.
 
     >>> weights = read_gguf(fetch("smollm2"))             # doctest: +SKIP
     >>> model = GPT.from_state(weights.cfg, weights.state)  # what lumen.formats.load does  # doctest: +SKIP
 
-Two things in a GGUF differ from the checkpoint it was converted from:
-- llama.cpp rotates (x[2i], x[2i+1]) pairs with RoPE, Hugging Face (and lumen) rotate (x[i], x[i + hd/2]);
-  so the converter permuted the rows of W_Q and W_K within each head. `unpermute` puts them back.
+What in a GGUF differs from the checkpoint it was converted from:
+- for "llama", llama.cpp rotates (x[2i], x[2i+1]) pairs with RoPE, Hugging Face (and lumen) rotate
+  (x[i], x[i + hd/2]); so the converter permuted the rows of W_Q and W_K within each head. `unpermute` puts
+  them back. (Its other architectures rotate lumen's pairs: their rows are as trained.)
+- Gemma's norm weights hold 1 + g (lumen's OffsetRMSNorm holds g);
 - tied embeddings: the file stores the embedding once and has no `output.weight`.
 """
 
@@ -29,26 +33,11 @@ from ..config import ModelConfig
 from ..errors import ConfigError, MissingFileError, ModelFileError
 from ..model import GPT
 from ..tokenizers import HFTokenizer
+from .gguf_arch import ARCHITECTURES, ROPE_FREQS, TOP, Architecture
 from .weights import Weights
 
 if TYPE_CHECKING:
     from gguf import GGMLQuantizationType
-
-# GGUF tensor name (inside block i) -> lumen parameter name
-_BLOCK = {
-    "attn_norm.weight": "ln1.g",
-    "attn_q.weight": "attn.q.weight",
-    "attn_k.weight": "attn.k.weight",
-    "attn_v.weight": "attn.v.weight",
-    "attn_output.weight": "attn.out.weight",
-    "ffn_norm.weight": "ln2.g",
-    "ffn_gate.weight": "mlp.w_gate.weight",
-    "ffn_up.weight": "mlp.w_up.weight",
-    "ffn_down.weight": "mlp.w_down.weight",
-}
-_TOP = {"token_embd.weight": "tok_emb.weight", "output_norm.weight": "ln_f.g", "output.weight": "lm_head.weight"}
-
-ARCHITECTURES = ("llama",)  # GGUF architectures lumen's model can hold exactly
 
 # llama.cpp's pre-tokenizer names -> how text is split before BPE (tokenizer.ggml.pre)
 _GPT2_SPLIT = ("gpt2", "default", "mpt", "olmo", "jais")
@@ -88,6 +77,7 @@ class GGUFFile:
     meta: dict[str, Any]
     tensors: list[GGUFTensor]
     mapped: mmap.mmap
+    arch: str = ""  # general.architecture, once read_header has checked it
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
@@ -272,15 +262,21 @@ def _first_line(e: Exception) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # the model
-def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf") -> ModelConfig:
-    """A ModelConfig from llama.cpp's `{arch}.*` metadata keys (each checked for its type: a damaged value is a
-    GGUFError naming the key)."""
+def architecture(meta: dict) -> tuple[str, Architecture]:
+    """The file's `general.architecture` and its table; one lumen cannot hold is refused by name."""
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise GGUFError(
             f"GGUF architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)}); "
-            "use a Llama-family model"
+            "load the Hugging Face model (directory or hf:ORG/NAME) instead, or a file of a supported architecture"
         )
+    return arch, ARCHITECTURES[arch]
+
+
+def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf") -> ModelConfig:
+    """A ModelConfig from llama.cpp's `{arch}.*` metadata keys (each checked for its type: a damaged value is a
+    GGUFError naming the key) and the architecture's fixed choices (gguf_arch.ARCHITECTURES)."""
+    arch, table = architecture(meta)
 
     def key(k: str, default=None, kind: type = int):
         v = meta.get(f"{arch}.{k}", default)
@@ -292,28 +288,51 @@ def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf") -> 
 
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", ""):
-        raise GGUFError(f"RoPE scaling {scaling!r} is not supported (only plain RoPE)")
+        raise GGUFError(f"RoPE scaling {scaling!r} ({arch}.rope.scaling.type) is not supported (only plain RoPE "
+                        "and Llama 3's rope_freqs); use a file without it")
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = meta.get(f"{arch}.vocab_size") or (len(tokens) if isinstance(tokens, list) else 0)
     if not vocab:
         raise GGUFError("GGUF metadata gives no vocabulary size (no vocab_size, no tokenizer tokens)")
-    n_heads = key("attention.head_count")
+    n_heads, d_model = key("attention.head_count"), key("embedding_length")
+    d_head = key("attention.key_length", 0)
+    if key("attention.value_length", d_head) != d_head:
+        raise GGUFError(f"{arch}.attention.value_length differs from key_length ({d_head}); lumen's heads have "
+                        "one width")
     try:
         cfg = ModelConfig(
-            name=name, vocab_size=vocab, context=key("context_length"), d_model=key("embedding_length"),
+            name=name, vocab_size=vocab, context=key("context_length"), d_model=d_model,
             n_layers=key("block_count"), n_heads=n_heads, n_kv_heads=key("attention.head_count_kv", n_heads),
-            d_ff=key("feed_forward_length"), mlp="swiglu", activation="silu", norm="rmsnorm",
-            norm_eps=key("attention.layer_norm_rms_epsilon", kind=float), positions="rope",
-            rope_theta=key("rope.freq_base", 10000.0, kind=float), bias=False,
-            tie_embeddings="output.weight" not in tensor_names,
+            d_ff=key("feed_forward_length"), norm_eps=key(table.norm_eps_key, kind=float),
+            rope_theta=key("rope.freq_base", 10000.0, kind=float),
+            d_head=d_head if d_head and d_head * n_heads != d_model else None,
+            tie_embeddings="output.weight" not in tensor_names, **table.fields,
         )
+        rot = key("rope.dimension_count", cfg.head_dim)
+        if rot != cfg.head_dim:
+            if table.permuted_qk:  # (the converter's permutation is over whole heads)
+                raise GGUFError(f"{arch}.rope.dimension_count is {rot}, not the head width {cfg.head_dim}; "
+                                "partial rotary is not supported for this architecture")
+            cfg = cfg.replace(rotary_fraction=rot / cfg.head_dim)
     except ConfigError as e:
         raise GGUFError(f"the metadata describes no valid model: {e}") from None
-    rot = key("rope.dimension_count", cfg.head_dim)
-    if rot != cfg.head_dim or key("attention.key_length", cfg.head_dim) != cfg.head_dim:
-        raise GGUFError(f"partial rotary or unusual head sizes (rope dims {rot}, head_dim {cfg.head_dim}) "
-                        "are not supported")
     return cfg
+
+
+def check_rope_freqs(file: GGUFFile, cfg: ModelConfig) -> None:
+    """Llama 3.1+'s `rope_freqs.weight`: each RoPE frequency's divisor. Plain RoPE (every divisor 1) is what
+    lumen's model computes; any other rescaling is refused, naming the tensor."""
+    t = next((t for t in file.tensors if t.name == ROPE_FREQS), None)
+    if t is None:
+        return
+    divisors = dequantize(t).reshape(-1)
+    if divisors.shape[0] != cfg.rotary_dims // 2:
+        raise GGUFError(f"tensor {ROPE_FREQS} has {divisors.shape[0]} frequencies but the heads rotate "
+                        f"{cfg.rotary_dims // 2} pairs; the file is damaged")
+    if not np.all(divisors == 1.0):
+        raise GGUFError(f"tensor {ROPE_FREQS} rescales RoPE's frequencies (Llama 3.1+'s 'llama3' scaling, divisors "
+                        f"{divisors.min():.3g}..{divisors.max():.3g}), which this lumen cannot hold; use a Llama 3.0 "
+                        "or Llama 2 file, or the Hugging Face model")
 
 
 def dequantize(t) -> np.ndarray:
@@ -361,8 +380,10 @@ def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, out // n_heads // 2, 2, d_in).transpose(1, 2).reshape(out, d_in)
 
 
-def _permuted_heads(name: str, cfg: ModelConfig) -> int | None:
-    """How many heads llama.cpp's converter interleaved this tensor's rows by (W_Q, W_K), else None."""
+def _permuted_heads(name: str, cfg: ModelConfig, table: Architecture) -> int | None:
+    """How many heads llama.cpp's converter interleaved this tensor's rows by (W_Q, W_K of "llama"), else None."""
+    if not table.permuted_qk:
+        return None
     if name.endswith("attn.q.weight"):
         return cfg.n_heads
     if name.endswith("attn.k.weight"):
@@ -370,22 +391,29 @@ def _permuted_heads(name: str, cfg: ModelConfig) -> int | None:
     return None
 
 
-def check_tensors(file: GGUFFile, cfg: ModelConfig) -> None:
+def check_tensors(file: GGUFFile, cfg: ModelConfig, table: Architecture) -> None:
     """The tensors are the ones `cfg` needs: known names, one set per block, shapes as the config says,
     float or quantized types (not integers)."""
     from gguf import GGMLQuantizationType as T
 
     names = {}
     for t in file.tensors:
-        name = _lumen_name(t.name)
-        if name is None:  # e.g. biases, rope_freqs (Llama 3.1 RoPE scaling): a variant lumen cannot hold
-            raise GGUFError(f"tensor {t.name} has no place in lumen's Llama model; this variant is not supported")
+        if t.name in table.optional:  # read into the config (rope_freqs), not a parameter
+            continue
+        name = _lumen_name(t.name, table)
+        if name is None:  # e.g. biases where the architecture has none: a variant lumen cannot hold
+            raise GGUFError(f"tensor {t.name} has no place in lumen's {file.arch!r} model; this variant is not "
+                            "supported")
         names[name] = t
     blocks = {n.split(".")[1] for n in names if n.startswith("blocks.")}
     if blocks != {str(i) for i in range(cfg.n_layers)}:
         raise GGUFError(f"the metadata says {cfg.n_layers} blocks but the tensors belong to blocks "
                         f"{sorted(blocks, key=int)[:8]}; the file is damaged or mislabelled")
     want = GPT.template(cfg).state_dict()
+    missing = sorted(set(want) - set(names) - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
+    if missing:
+        raise GGUFError(f"the file has no tensor for {missing[0]} ({len(missing)} missing); it is incomplete or "
+                        "not what its architecture says")
     for name, t in names.items():
         shape = tuple(int(n) for n in reversed(t.shape))
         if shape != tuple(want[name].shape):
@@ -394,12 +422,12 @@ def check_tensors(file: GGUFFile, cfg: ModelConfig) -> None:
             raise GGUFError(f"tensor {t.name} holds integers ({t.tensor_type.name}); weights must be floating point")
 
 
-def _lumen_name(gguf_name: str) -> str | None:
-    if gguf_name in _TOP:
-        return _TOP[gguf_name]
+def _lumen_name(gguf_name: str, table: Architecture) -> str | None:
+    if gguf_name in TOP:
+        return TOP[gguf_name]
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _BLOCK:
-        return f"blocks.{parts[1]}.{_BLOCK[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in table.block:
+        return f"blocks.{parts[1]}.{table.block[parts[2]]}"
     return None
 
 
@@ -472,15 +500,20 @@ def read_gguf(path: str | Path, blocks: bool = False) -> Weights:
     Weights.blocks: lumen.fast decodes from them) and dequantizes only the rest (the norms)."""
     with naming(path):
         file, cfg, tok = read_header(path)
-        check_tensors(file, cfg)  # names, block count, shapes and types: before anything is dequantized
+        table = ARCHITECTURES[file.arch]
+        check_tensors(file, cfg, table)  # names, block count, shapes and types: before anything is dequantized
         out = Weights(cfg, {}, Path(path).name, tok)
         for t in file.tensors:
-            name = _lumen_name(t.name)
+            if t.name in table.optional:
+                continue
+            name = _lumen_name(t.name, table)
             assert name is not None  # check_tensors has placed every tensor
-            heads = _permuted_heads(name, cfg)
+            heads = _permuted_heads(name, cfg, table)
             kept = stored_blocks(t) if blocks and name.endswith(".weight") else None
             if kept is None:
                 w = torch.from_numpy(dequantize(t))
+                if table.norm_plus_one and t.name.endswith("norm.weight"):
+                    w = w - 1  # the converter stored Gemma's gain 1 + g; lumen's OffsetRMSNorm holds g
                 out.state[name] = unpermute(w, heads) if heads else w
                 release(file)
                 continue
@@ -523,6 +556,8 @@ def read_header(path: str | Path) -> tuple[GGUFFile, ModelConfig, HFTokenizer]:
     names = {t.name for t in file.tensors}
     title = meta.get("general.name")
     cfg = config_from_gguf(meta, names, name=title if isinstance(title, str) and title else Path(path).stem)
+    file.arch = meta["general.architecture"]
+    check_rope_freqs(file, cfg)
     tok = tokenizer_from_gguf(meta)
     tok.check_fits(cfg.vocab_size, "the tokenizer metadata")
     file.meta = {}
