@@ -62,6 +62,30 @@ def test_every_writable_quantization_matches_transformers(tmp_path, hf_from_gguf
     torch.testing.assert_close(ours, hf_logits(hf_from_gguf, path, IDS), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gemma"])
+def test_other_architectures_round_trip(tmp_path, arch):
+    """A "qwen2" file (q/k/v biases, rows not permuted) and a "gemma" file (norm gains stored as 1 + g, heads
+    wider than d_model / n_heads) read back as the model written, and compute its logits."""
+    model = tiny_model(tie=arch == "gemma", seed=2, arch=arch)
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(path, model, arch=arch)
+    w = read_gguf(path)
+    assert w.cfg.replace(name=model.cfg.name) == model.cfg
+    for name, t in model.state_dict().items():
+        if name != "lm_head.weight" or not model.cfg.tie_embeddings:  # 1 + g - 1 is g to float32 rounding
+            torch.testing.assert_close(w.state[name], t, rtol=0, atol=0 if arch != "gemma" else 1.2e-7, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(load(str(path)).model(IDS)[0], model(IDS)[0], rtol=0, atol=1e-5)
+
+
+def test_qwen2_file_matches_transformers(tmp_path, hf_from_gguf):
+    """transformers reads a "qwen2" file its own way (no row permutation, biases): the same logits."""
+    path = tmp_path / "qwen2.gguf"
+    write_gguf(path, tiny_model(tie=False, seed=3, arch="qwen2"), arch="qwen2")
+    ours, _ = load(str(path)).model(IDS)
+    torch.testing.assert_close(ours, hf_logits(hf_from_gguf, path, IDS), rtol=0, atol=1e-5)
+
+
 def test_tokenizer_from_metadata(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_gguf(path, tiny_model())
