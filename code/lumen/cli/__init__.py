@@ -33,6 +33,7 @@ COMMANDS = {
     "explore": "explore",
     "serve": "serve",
     "practice": "practice",
+    "verify": "verify",
 }
 
 
