@@ -97,6 +97,21 @@ def test_tokenizer_from_metadata(tmp_path):
     assert tok.eos_id == 2 and tok.chat_template.startswith("{% for m in messages %}")
 
 
+def test_qwen2_pre_tokenizer_splits_as_qwen2(tmp_path):
+    """tokenizer.ggml.pre "qwen2": the pieces are those of Qwen2's own split (transformers' regex for it)."""
+    regex = pytest.importorskip("regex")
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    path = tmp_path / "qwen2.gguf"
+    write_gguf(path, tiny_model(arch="qwen2"), arch="qwen2", pre="qwen2")
+    tok = read_gguf(path).tokenizer
+    text = "It's 12345 o'clock,  don't   PANIC!!\n\n  x2 = 3.14 ... über"
+    pieces = [p for p, _ in tok.tok.pre_tokenizer.pre_tokenize_str(text)]
+    byte_level = {b: c for b, c in enumerate(TOKENS[3:259])}  # (GPT-2's stand-ins for bytes)
+    want = ["".join(byte_level[b] for b in piece.encode()) for piece in regex.findall(PRETOKENIZE_REGEX, text)]
+    assert pieces == want
+
+
 # --- bad input ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory):

@@ -47,7 +47,10 @@ _LLAMA3_REGEX = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _LLAMA3_SPLIT = ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3")
-PRE_TOKENIZERS = _GPT2_SPLIT + _DIGITS_THEN_GPT2 + _LLAMA3_SPLIT
+# Qwen2's split: Llama 3's with every digit its own piece
+_QWEN2_REGEX = _LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+_QWEN2_SPLIT = ("qwen2", "deepseek-r1-qwen")
+PRE_TOKENIZERS = _GPT2_SPLIT + _DIGITS_THEN_GPT2 + _LLAMA3_SPLIT + _QWEN2_SPLIT
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types for special and added tokens
 
@@ -462,6 +465,11 @@ def tokenizer_from_gguf(meta: dict) -> HFTokenizer:
     elif pre in _LLAMA3_SPLIT:
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(_LLAMA3_REGEX), behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+    elif pre in _QWEN2_SPLIT:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(_QWEN2_REGEX), behavior="isolated"),
              pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
     else:
