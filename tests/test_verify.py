@@ -93,6 +93,7 @@ def test_receipt_passes_and_its_figures_are_right(tmp_path, capsys, family):
             for _ in range(STEPS):
                 seq = torch.cat([seq, hf(seq).logits[:, -1:].argmax(-1)], 1)
         assert c["greedy_lumen"] == c["greedy_reference"] == seq[0, ids.shape[1]:].tolist()
+        assert c["continuation"] == tok.decode(c["greedy_lumen"])
 
 
 def test_text_receipt_and_bfloat16(tmp_path, capsys):

@@ -52,6 +52,7 @@ class Comparison:
     threshold: float = THRESHOLDS["float32"]
     greedy_must_agree: bool = True
     text_tokens: int = 0  # how many tokens the whole text is
+    continuation: str = ""  # lumen's greedy tokens as text
 
     @property
     def passed(self) -> bool:
@@ -169,5 +170,6 @@ def verify(spec: str, texts: dict[str, str], dtype: str = "float32", steps: int 
                 name, len(ids), *figures, greedy(lumen_logits, ids, steps), greedy(reference_logits, ids, steps),
                 THRESHOLDS[dtype], greedy_must_agree=dtype == "float32", text_tokens=len(whole),
             ))
+            out[-1].continuation = tokenizer.decode(out[-1].greedy_lumen)
     what = f"{path} (gguf_file=)" if kind == "gguf" else str(path)
     return Receipt(spec, what, dtype, out)

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         same = c.greedy_lumen == c.greedy_reference
         print(f"    greedy, {len(c.greedy_lumen)} steps: {'the same tokens' if same else 'DIFFERENT'}"
               f"{'' if same or c.greedy_must_agree else ' (reported only in bfloat16)'}")
-        print(f"      lumen        {c.greedy_lumen}")
+        print(f"      lumen        {c.greedy_lumen} {c.continuation!r}")
         if not same:
             print(f"      transformers {c.greedy_reference}")
     print("PASS: lumen computes what transformers computes" if receipt.passed else
