@@ -29,6 +29,9 @@ def test_decompose_adds_up_to_the_logits_and_agrees_with_attribution(name):
     batch = pad(prompts(), "right")
     with torch.no_grad():
         logits = model(batch.ids, mask=batch.mask)[0].double()
+        if model.cfg.final_softcap is not None:  # the writes add up to the logits before the soft-cap (its atanh)
+            cap = model.cfg.final_softcap
+            logits = cap * torch.atanh(logits / cap)
     for heads in (False, True):
         s = decompose(model, batch, heads=heads)
         d = s.logit_diff(5, 9)                                                  # (C, B, T)

@@ -3,7 +3,8 @@
 The chapter's rules, with d = d_model and biases and norms ignored:
     attention  4 d^2             (GQA: 2 d^2 + 2 d h_kv d_head; heads of width d_head != d / h:
                                   2 d h d_head + 2 d h_kv d_head)
-    MLP        8 d^2             (in general 2 d d_ff; SwiGLU and GeGLU 3 d d_ff)
+    MLP        8 d^2             (in general 2 d d_ff; SwiGLU and GeGLU 3 d d_ff; a mixture of E SwiGLU
+                                  experts E * 3 d d_ff + d E for the router, of which a token uses k experts)
     block      12 d^2
     forward    2 N FLOPs per token, + 4 L d per layer for the attention core at context L
     training   6 N D FLOPs for D tokens
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 
+from .block import MixtureOfExperts
 from .config import ModelConfig
 from .model import GPT
 
@@ -38,6 +40,8 @@ def formula(cfg: ModelConfig) -> Formula:
     # W_Q, W_O (h heads of width d_head: d^2 each unless d_head != d / h) + the (maybe shared) W_K, W_V
     attention = 2 * d * cfg.n_heads * cfg.head_dim + 2 * d * cfg.kv_heads * cfg.head_dim
     mlp = (2 if cfg.mlp == "mlp" else 3) * d * cfg.hidden  # gated MLPs (SwiGLU, GeGLU) have three matrices
+    if cfg.n_experts is not None:  # a mixture: that many SwiGLU experts, and the router's d x E matrix
+        mlp = cfg.n_experts * 3 * d * cfg.hidden + d * cfg.n_experts
     return Formula(attention, mlp, attention + mlp, cfg.n_layers * (attention + mlp))
 
 
@@ -54,6 +58,7 @@ class Count:
     total: int
     matmul: int  # weights multiplied in a forward pass: the blocks' weight matrices and the output projection
     block: int  # one block's parameters: attention, MLP and the block's own norms, biases included
+    active: int  # the parameters one token uses: the total less the experts a mixture does not pick for it
 
     @property
     def non_embedding(self) -> int:
@@ -79,6 +84,10 @@ def count_module(model: nn.Module) -> Count:
     # the unembedding is a matmul even when tied to the lookup table
     matmul = model.get_parameter("lm_head.weight").numel()
     block = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks.0."))
+    idle = 0  # a mixture of experts' unpicked experts: each token multiplies by the weights of top_k of them only
+    for m in model.modules():
+        if isinstance(m, MixtureOfExperts):
+            idle += (len(m.experts) - m.top_k) * sum(p.numel() for p in m.experts[0].parameters())
     for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
         n = p.numel()
         if p.dim() == 2 and (".attn." in name or ".mlp." in name):
@@ -95,16 +104,17 @@ def count_module(model: nn.Module) -> Count:
             groups["mlp"] += n
         else:
             groups["norms"] += n
-    return Count(**groups, total=sum(groups.values()), matmul=matmul, block=block)
+    total = sum(groups.values())
+    return Count(**groups, total=total, matmul=matmul, block=block, active=total - idle)
 
 
 def forward_flops_per_token(cfg: ModelConfig, context: int | None = None) -> dict[str, float]:
-    """Forward FLOPs per token: 2 per matmul weight, and the attention core's 4 L d per layer (d: the
-    heads' total width, h d_head)
+    """Forward FLOPs per token: 2 per matmul weight it uses (a mixture of experts: the picked experts' only), and
+    the attention core's 4 L d per layer (d: the heads' total width, h d_head)
     (Q K^T and A V at context L, the full L x L square as the kernels compute it)."""
     L = context or cfg.context
     c = count(cfg)
-    weights = 2 * c.matmul
+    weights = 2 * (c.matmul - (c.total - c.active))   # (the idle experts' weights are all matrices)
     core = 4 * L * cfg.n_heads * cfg.head_dim * cfg.n_layers
     return {"weights": weights, "attention_core": core, "total": weights + core}
 

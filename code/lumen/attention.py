@@ -17,8 +17,28 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from .config import ModelConfig, RopeScaling
 from .errors import UserError
+
+
+def rope_frequencies(dims: int, theta: float, scaling: RopeScaling | None = None,
+                     device: torch.device | str | None = None) -> torch.Tensor:
+    """RoPE's angular frequencies, one per rotated pair: theta^(-2i/dims), i = 0 .. dims/2 - 1, then
+    rescaled to stretch the context (config.RopeScaling: "linear" slows them all, "llama3" only the slow ones)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, dims, 2, dtype=torch.float32, device=device) / dims)
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    # llama3: a wavelength (2 pi / frequency) longer than the original context's low-frequency bound is stretched
+    # by `factor`; one shorter than the high-frequency bound is kept; in between, a blend linear in context/wavelength
+    wavelength = 2 * math.pi / inv_freq
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    blend = (scaling.original_context / wavelength - low) / (high - low)   # 0 at the slow bound, 1 at the fast one
+    blended = (1 - blend) * inv_freq / scaling.factor + blend * inv_freq
+    slow = wavelength > scaling.original_context / low
+    fast = wavelength < scaling.original_context / high
+    return torch.where(slow, inv_freq / scaling.factor, torch.where(fast, inv_freq, blended))
 
 
 class RoPE(nn.Module):
@@ -33,9 +53,9 @@ class RoPE(nn.Module):
     cos: torch.Tensor  # buffers, (context, dims/2): the cos and sin of every position's angles
     sin: torch.Tensor
 
-    def __init__(self, dims: int, context: int, theta: float = 10000.0):
+    def __init__(self, dims: int, context: int, theta: float = 10000.0, scaling: RopeScaling | None = None):
         super().__init__()
-        self.dims, self.context, self.theta = dims, context, theta
+        self.dims, self.context, self.theta, self.scaling = dims, context, theta, scaling
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.reset_buffers()
@@ -47,7 +67,7 @@ class RoPE(nn.Module):
         if torch.device(device).type == "meta":  # a template's: shapes only (torch's meta arange imports its compiler)
             self.cos, self.sin = torch.empty(2, self.context, self.dims // 2, device=device).unbind()
             return
-        inv_freq = 1.0 / self.theta ** (torch.arange(0, self.dims, 2, dtype=torch.float32, device=device) / self.dims)
+        inv_freq = rope_frequencies(self.dims, self.theta, self.scaling, device)
         angles = torch.outer(torch.arange(self.context, dtype=torch.float32, device=device), inv_freq)  # (L, hd/2)
         self.cos, self.sin = angles.cos(), angles.sin()
 
@@ -62,9 +82,37 @@ class RoPE(nn.Module):
                 cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x, rest = x[..., : self.dims], x[..., self.dims :]   # partial rotary: the rest carries no position
+        rotated = self.rotate(x, cos, sin)
+        return torch.cat((rotated, rest), dim=-1) if rest.size(-1) else rotated
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Turn each pair (x_i, x_{i + dims/2}) by its angle."""
         x1, x2 = x.chunk(2, dim=-1)
-        rotated = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
-        return torch.cat(rotated + (rest,) if rest.size(-1) else rotated, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class InterleavedRoPE(RoPE):
+    """RoPE on adjacent pairs (x_0, x_1), (x_2, x_3), ...: the same rotations with the features paired
+    differently (GPT-J, and the original RoFormer)."""
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x[..., 0::2], x[..., 1::2]                              # the pairs' first and second features
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
+class SoftCap(nn.Module):
+    """Soft-capping (Gemma 2): x -> cap * tanh(x / cap). Near 0 it is the identity; large values are squashed
+    smoothly into (-cap, cap), so no attention score or logit runs away (and none is clipped flat)."""
+
+    def __init__(self, cap: float):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cap * torch.tanh(x / self.cap)
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap}"
 
 
 class Padding:
@@ -184,9 +232,16 @@ class MultiHeadAttention(nn.Module):
         head_dim: int | None = None,
         qkv_bias: bool | None = None,
         window: int | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ):
         """head_dim defaults to d_model / n_heads; qkv_bias (default: bias) puts biases on W_Q, W_K, W_V
-        alone; window: each query sees only the last `window` keys, itself included."""
+        alone; window: each query sees only the last `window` keys, itself included; q_norm, k_norm: norms
+        of the queries and keys (B, T, heads, d_head) before RoPE (Qwen3, OLMo-2; block.qk_norms); scale: what
+        q.k is multiplied by (default 1 / sqrt(head_dim)); softcap: scores squashed to softcap * tanh(scores /
+        softcap)."""
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
         self.head_dim = head_dim or d_model // n_heads
@@ -196,8 +251,12 @@ class MultiHeadAttention(nn.Module):
         self.k = nn.Linear(d_model, kv_dim, bias=qkv_bias)
         self.v = nn.Linear(d_model, kv_dim, bias=qkv_bias)
         self.out = nn.Linear(q_dim, d_model, bias=bias)     # W_O: writes the heads back into the stream
+        self.q_norm = q_norm or nn.Identity()
+        self.k_norm = k_norm or nn.Identity()
         self.rope = rope
         self.window = window
+        self.scale = scale if scale is not None else 1 / math.sqrt(self.head_dim)
+        self.softcap = SoftCap(softcap) if softcap is not None else None
         self.dropout = dropout
         self.scores = nn.Identity()   # named places for the scores before the softmax and for the attention
         self.pattern = nn.Identity()  # weights (plain path only: lumen.inspect's hooks)
@@ -205,18 +264,27 @@ class MultiHeadAttention(nn.Module):
         self.use_sdpa = True
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> MultiHeadAttention:
-        rope = RoPE(cfg.rotary_dims, cfg.context, cfg.rope_theta) if cfg.positions == "rope" else None
-        return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.bias, rope, cfg.dropout,
-                   cfg.head_dim, cfg.bias or cfg.qkv_bias, cfg.sliding_window)
+    def from_config(cls, cfg: ModelConfig, q_norm: nn.Module | None = None,
+                    k_norm: nn.Module | None = None, layer: int = 0) -> MultiHeadAttention:
+        """Block `layer`'s attention: its window and its RoPE base (or none) may differ from block to block."""
+        rope = None
+        theta = cfg.rope_base(layer)
+        if theta is not None:  # (a base of its own for local layers is never stretched: Gemma 3 stretches global ones)
+            local = cfg.layer_type(layer) == "sliding" and cfg.rope_local_theta is not None
+            rope = (InterleavedRoPE if cfg.rope_interleaved else RoPE)(cfg.rotary_dims, cfg.context, theta,
+                                                                        None if local else cfg.rope_scaling)
+        scale = cfg.query_pre_attn_scalar**-0.5 if cfg.query_pre_attn_scalar is not None else None
+        return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.attention_bias, rope, cfg.dropout,
+                   cfg.head_dim, cfg.attention_bias or cfg.qkv_bias, cfg.window(layer), q_norm, k_norm,
+                   scale=scale, softcap=cfg.attn_softcap)
 
     def forward(
         self, x: torch.Tensor, mask: Padding | None = None, cache: LayerCache | None = None
     ) -> torch.Tensor:
         """mask: which tokens of a padded batch are real (None: all of them)."""
         B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)      # (B, h, T, hd)
-        k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, h_kv, T, hd)
+        q = self.q_norm(self.q(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)      # (B, h, T, hd)
+        k = self.k_norm(self.k(x).view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)   # (B, h_kv, T, hd)
         v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, h_kv, T, hd)
         slots = cache.positions(T) if cache is not None else torch.arange(T, device=x.device)
         if self.rope is not None:  # a token's position: its slot, or in a padded batch the real tokens before it
@@ -228,7 +296,8 @@ class MultiHeadAttention(nn.Module):
         allowed = None if plain_causal else visible(slots, k.size(2), mask, self.window)
         # one query (a decoding step) is a pair of small products: plain is faster than the fused
         # kernel there, and compiles into a few fused loops
-        attend = self.attend_sdpa if self.use_sdpa and T > 1 else self.attend_plain
+        # (soft-capping is not in the fused kernel: a capped model always takes the plain path)
+        attend = self.attend_sdpa if self.use_sdpa and T > 1 and self.softcap is None else self.attend_plain
         y = attend(q, k, v, allowed)
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -236,7 +305,10 @@ class MultiHeadAttention(nn.Module):
         """The readable path: scores, mask, softmax, weighted average of the values."""
         group = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, S, hd)
-        scores = self.scores(q @ k.transpose(-2, -1) / math.sqrt(self.head_dim))     # (B, h, T, S)
+        scores = q @ k.transpose(-2, -1) * self.scale                                # (B, h, T, S)
+        if self.softcap is not None:  # squashed smoothly into (-cap, cap): no score runs away (Gemma 2)
+            scores = self.softcap(scores)
+        scores = self.scores(scores)
         T, S = scores.shape[-2:]
         if allowed is None:  # plain causal: query t sees keys up to its own position
             allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
@@ -250,7 +322,7 @@ class MultiHeadAttention(nn.Module):
     def attend_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None):
         """The same numbers through PyTorch's fused kernel."""
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, is_causal=allowed is None,
+            q, k, v, attn_mask=allowed, is_causal=allowed is None, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_heads != self.n_heads,
         )
 

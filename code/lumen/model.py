@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import KVCache, MultiHeadAttention, Padding
-from .block import TransformerBlock, make_norm
+from .attention import KVCache, MultiHeadAttention, Padding, RoPE, SoftCap
+from .block import MixtureOfExperts, TransformerBlock, make_norm
 from .config import ModelConfig
 from .errors import ModelFileError, UserError
 
@@ -58,14 +58,18 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model) if cfg.positions == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
-        blocks = [TransformerBlock.from_config(cfg) for _ in range(cfg.n_layers)]
+        blocks = [TransformerBlock.from_config(cfg, i) for i in range(cfg.n_layers)]
         self.blocks = nn.ModuleList(blocks)
-        for block in blocks[1:]:  # RoPE's tables follow from the shape alone: one copy serves every layer
-            block.attn.rope = blocks[0].attn.rope
+        shared: dict[float, RoPE] = {}  # RoPE's tables follow from the shape and base alone: one copy per base
+        for block in blocks:
+            if isinstance(block.attn.rope, RoPE):
+                block.attn.rope = shared.setdefault(block.attn.rope.theta, block.attn.rope)
         # pre-LN (and parallel) blocks never normalise the stream itself, so one last norm before reading
         # it out; post-LN blocks already leave it normalised
         self.ln_f = make_norm(cfg) if cfg.norm_placement != "post" else nn.Identity()
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the unembedding
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.head_bias)  # the unembedding (+ b: Phi-2, GPT-J)
+        # Gemma 2 squashes the logits into (-cap, cap) after the unembedding; every other family reads them as they are
+        self.logit_cap = SoftCap(cfg.final_softcap) if cfg.final_softcap is not None else nn.Identity()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.sampling: Sampling | None = None  # the sampling defaults its files carry, if any (lumen.decode)
@@ -76,7 +80,9 @@ class GPT(nn.Module):
         # after self.apply(self._init_weights): shrink the two residual-writing matrices per block,
         # so that the 2N writes into the stream add up to variance ~0.02^2 rather than 2N times it
         for block in blocks:
-            for lin in (block.attn.out, block.mlp.down):
+            mlps = list(block.mlp.experts) if isinstance(block.mlp, MixtureOfExperts) else [block.mlp]  # (MoE: each)
+            writers: list[nn.Linear] = [block.attn.out, *(m.down for m in mlps)]  # type: ignore[list-item]  # (.down: Linear)
+            for lin in writers:
                 nn.init.normal_(lin.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.n_layers))
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -125,7 +131,7 @@ class GPT(nn.Module):
         x = self.embed(idx, padding.at(slots) if padding is not None else slots)
         for i, block in enumerate(self.blocks):
             x = block(x, padding, cache.layers[i] if cache is not None else None)
-        logits = self.lm_head(self.ln_f(x))
+        logits = self.logit_cap(self.lm_head(self.ln_f(x)))
         if cache is not None:
             cache.advance(T)
         loss = None

@@ -34,11 +34,17 @@ ACTIVATIONS = ("resid_pre", "attn_out", "resid_mid", "mlp_hidden", "mlp_out", "r
 # finer places, asked for by name: the norms' scales (B, T, 1); each head's query, key and value before
 # RoPE (B, T, heads, d_head; keys and values per KV head); the scores before the softmax (B, heads, T, S);
 # z, every head's output (B, T, heads, d_head: attn_heads head by head); the MLP's pre-activation (its
-# gate's, for a gated MLP) (B, T, d_ff)
-DETAILS = ("ln1_scale", "q", "k", "v", "attn_scores", "z", "ln2_scale", "mlp_pre")
+# gate's, for a gated MLP) (B, T, d_ff); the queries and keys after their q/k norms, before RoPE (as q and k
+# where a family has no q/k norm); a mixture of experts' router scores (B, T, n_experts) and the experts it
+# picks for each token (B, T, k) (ROUTER: only in blocks whose MLP is a mixture, which have no single mlp_pre
+# and mlp_hidden)
+DETAILS = ("ln1_scale", "q", "k", "v", "q_normed", "k_normed", "attn_scores", "z", "ln2_scale", "mlp_pre",
+           "router_logits", "expert_choices")
+ROUTER = ("router_logits", "expert_choices")
 # every kind, in the order the forward pass makes them
-KINDS = ("resid_pre", "ln1_scale", "q", "k", "v", "attn_scores", "attn_pattern", "attn_heads", "z", "attn_out",
-         "resid_mid", "ln2_scale", "mlp_pre", "mlp_hidden", "mlp_out", "resid_post")
+KINDS = ("resid_pre", "ln1_scale", "q", "k", "v", "q_normed", "k_normed", "attn_scores", "attn_pattern",
+         "attn_heads", "z", "attn_out", "resid_mid", "ln2_scale", "router_logits", "expert_choices", "mlp_pre",
+         "mlp_hidden", "mlp_out", "resid_post")
 # the writes a block adds to the stream (what a logit is split into), and what they are called for people
 WRITES = {"attn": "attention", "mlp": "MLP"}
 

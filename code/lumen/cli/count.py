@@ -69,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     for k in ("embedding", "positions", "attention", "mlp", "norms", "unembedding"):
         print(f"  {k:<20}{e[k]:>16,}")
     print(f"  {'total':<20}{e['total']:>16,}   ({e['total'] / 1e6:.1f}M)")
+    if e["active"] != e["total"]:  # a mixture of experts: what one token uses
+        print(f"  {'active per token':<20}{e['active']:>16,}   ({e['active'] / 1e6:.1f}M: {cfg.experts_per_token} of "
+              f"{cfg.n_experts} experts)")
     print(f"forward FLOPs/token at L={fl['context']}: {fl['total']:.3e} "
           f"(2 x {e['matmul']:,} matmul weights + attention core {fl['attention_core']:.3e},"
           f" {r['attention_core_share']:.0%} of 2 x non-embedding)")

@@ -44,7 +44,8 @@ class OneQueryAttention(MultiHeadAttention):
 
     def attend_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None):
         B, h, T, hd = q.shape
-        if T != 1 or self.training or allowed is None or allowed.dim() != 2:  # a prompt, or an extra mask
+        plain_scores = self.softcap is None and self.scale == 1 / math.sqrt(hd)  # (Gemma's query scale, soft-cap: not here)
+        if T != 1 or self.training or allowed is None or allowed.dim() != 2 or not plain_scores:  # a prompt, ...
             return super().attend_plain(q, k, v, allowed)
         if q.device.type == "cpu" and q.dtype == k.dtype == torch.float32 and hd % 8 == 0 and _kernel_loaded():
             return torch.ops.lumen.attend_one(q, k, v, allowed)

@@ -21,11 +21,11 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, RopeScaling, pattern
 from ..decode import Sampling
 from ..errors import ConfigError, FetchError, MissingFileError, ModelFileError, UserError
 from ..files import atomic_dir, read_json
@@ -39,15 +39,37 @@ if TYPE_CHECKING:
 # lumen's activation names (config.ACTIVATIONS) in Hugging Face's spelling, and back (with HF's aliases)
 HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 FROM_HF_ACTIVATIONS = {v: k for k, v in HF_ACTIVATIONS.items()} | {"gelu_pytorch_tanh": "gelu_tanh", "swish": "silu"}
-FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "gemma", "gpt_neox")
+FAMILIES: tuple[str, ...] = ("gpt2", "llama", "qwen2", "mistral", "gemma", "gpt_neox")
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM", "gpt_neox": "GPTNeoXForCausalLM"}
+# families-a: Qwen3, OLMo-2, Phi-3 (read only: written back as Llama or Mistral), Phi (Phi-2), GPT-J
+FAMILIES += ("qwen3", "olmo2", "phi3", "phi", "gptj")
+ARCHITECTURES |= {"qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi": "PhiForCausalLM",
+                  "gptj": "GPTJForCausalLM"}
+# families-b: per-layer windows and RoPE, sandwich norms, soft-capping, mixtures of experts
+FAMILIES_B = ("gemma2", "gemma3_text", "smollm3", "qwen3_moe")
+FAMILIES += FAMILIES_B
+ARCHITECTURES |= {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                  "qwen3_moe": "Qwen3MoeForCausalLM"}
+# lumen's kinds of attention layer (ModelConfig.layer_types) in HF's spelling
+HF_LAYER_TYPES = {"full": "full_attention", "sliding": "sliding_attention"}
 
 
 # ---------------------------------------------------------------------------------------------
 # config.json
 def family(cfg: ModelConfig) -> str:
     """Which Hugging Face architecture can hold this config (one of FAMILIES)."""
+    b = _family_b(cfg)
+    if b is not None:
+        return b
+    fam = _family_a(cfg)
+    if fam is not None:
+        return fam
+    if cfg.qk_norm or cfg.rope_interleaved or cfg.head_bias or cfg.attn_bias is not None:
+        raise ModelFileError(f"config {cfg.name!r} matches no Hugging Face architecture: q/k norms are Qwen3's, "
+                             "OLMo-2's or Phi's; interleaved RoPE GPT-J's; an unembedding bias Phi's or GPT-J's")
+    if cfg.rope_scaling is not None and cfg.positions != "rope":
+        raise ModelFileError(f"config {cfg.name!r}: rope_scaling needs positions 'rope'")
     parts = (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement)
     # GPT-2 and GPT-NeoX: plain multi-head attention over heads that fill d_model, biases everywhere
     mha = cfg.bias and cfg.kv_heads == cfg.n_heads and cfg.n_heads * cfg.head_dim == cfg.d_model
@@ -71,6 +93,224 @@ def family(cfg: ModelConfig) -> str:
     )
 
 
+def _family_b(cfg: ModelConfig) -> str | None:
+    """families-b's architectures (FAMILIES_B), or None for the others; a config with one of their details
+    that fits none of them is refused here."""
+    details = (cfg.norm_placement == "sandwich", cfg.layer_types is not None, cfg.rope_local_theta is not None,
+               not all(cfg.rope_layers), cfg.query_pre_attn_scalar is not None, cfg.attn_softcap is not None,
+               cfg.final_softcap is not None, cfg.n_experts is not None)
+    if not any(details):
+        return None
+    plain = cfg.positions == "rope" and cfg.rotary_fraction == 1.0 and not (cfg.qkv_bias or cfg.bias)
+    plain = plain and not (cfg.rope_interleaved or cfg.head_bias) and cfg.attn_bias is None and cfg.rope_scaling is None
+    gemma = (cfg.mlp, cfg.norm, cfg.norm_placement) == ("geglu", "rmsnorm_offset", "sandwich") and cfg.scale_embeddings
+    if plain and gemma and all(cfg.rope_layers) and cfg.n_experts is None:
+        if cfg.qk_norm is None and cfg.rope_local_theta is None:
+            return "gemma2"
+        if cfg.qk_norm == "head" and cfg.attn_softcap is None and cfg.final_softcap is None:
+            return "gemma3_text"
+    llama = (cfg.mlp, cfg.norm, cfg.norm_placement) == ("swiglu", "rmsnorm", "pre") and not cfg.scale_embeddings
+    rest = (cfg.layer_types, cfg.rope_local_theta, cfg.query_pre_attn_scalar, cfg.attn_softcap, cfg.final_softcap,
+            cfg.sliding_window)
+    if plain and llama and all(v is None for v in rest):
+        if cfg.n_experts is None and cfg.qk_norm is None:
+            return "smollm3"
+        if cfg.n_experts is not None and cfg.qk_norm == "head" and all(cfg.rope_layers):
+            return "qwen3_moe"
+    raise ModelFileError(
+        f"config {cfg.name!r} matches no Hugging Face architecture: Gemma 2 needs rmsnorm_offset + geglu + sandwich "
+        "norms + scale_embeddings (Gemma 3: + per-head q/k norms, no soft-caps); SmolLM3 is Llama with rope_layers; "
+        "Qwen3-MoE is Qwen3 (per-head q/k norms) with n_experts"
+    )
+
+
+def _config_to_hf_b(cfg: ModelConfig, fam: str, out: dict) -> dict:
+    """config.json's keys for families-b's architectures, added to the Llama-style ones in `out`."""
+    if fam in ("gemma2", "gemma3_text"):
+        out.pop("hidden_act")
+        types = [HF_LAYER_TYPES[t] for t in cfg.per_layer(cfg.layer_types or (cfg.layer_type(0),))]
+        out |= {"hidden_activation": HF_ACTIVATIONS_GATED[cfg.activation], "attention_bias": False,
+                "query_pre_attn_scalar": _number(cfg.query_pre_attn_scalar or cfg.head_dim),
+                "sliding_window": cfg.sliding_window, "layer_types": types,
+                "attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.final_softcap}
+    if fam == "gemma3_text":  # a RoPE base for each kind of layer
+        out.pop("rope_theta")
+        out["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_base_of("sliding")},
+            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta}}
+        out |= {"use_bidirectional_attention": False, "pad_token_id": 0, "bos_token_id": None, "eos_token_id": None}
+    if fam == "qwen3_moe":
+        out |= {"attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+                "num_experts": cfg.n_experts, "num_experts_per_tok": cfg.experts_per_token,
+                "moe_intermediate_size": cfg.hidden, "norm_topk_prob": cfg.norm_topk_prob,
+                "decoder_sparse_step": 1, "mlp_only_layers": []}
+    if fam == "smollm3":
+        out |= {"attention_bias": False, "mlp_bias": False, "use_sliding_window": False, "sliding_window": None,
+                "no_rope_layers": [int(r) for r in cfg.per_layer(cfg.rope_layers)],  # (HF: 1 = has RoPE)
+                "layer_types": ["full_attention"] * cfg.n_layers,
+                "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}  # (HF's defaults: Llama 3's ids)
+    return out
+
+
+def _number(x: float) -> int | float:
+    """A whole number as an int (HF's strict config fields refuse 256.0 where they expect 256)."""
+    return int(x) if float(x).is_integer() else x
+
+
+# a gated MLP's GELU in HF's spelling (Gemma 2's hidden_activation): the tanh one as HF's Gemma configs name it
+HF_ACTIVATIONS_GATED = HF_ACTIVATIONS | {"gelu_tanh": "gelu_pytorch_tanh"}
+
+
+def _config_from_hf_b(c: dict, kind: str, name: str) -> ModelConfig:
+    """The ModelConfig of a config.json of one of FAMILIES_B."""
+    local_theta = None
+    if kind == "gemma3_text":  # rope_parameters by kind of layer: {"sliding_attention": {...}, "full_attention": ...}
+        c, local_theta = _gemma3_rope(c)
+    theta, fraction = _rope(c)
+    if fraction != 1.0:
+        raise ModelFileError(f"{kind} configs with partial rotary ({fraction}) are not supported")
+    for key in ("attention_bias", "mlp_bias", "use_sliding_window", "use_bidirectional_attention"):
+        if c.get(key):
+            raise ModelFileError(f"{kind} configs with {key}=true are not supported")
+    d, h = c["hidden_size"], c["num_attention_heads"]
+    shape = dict(name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=d,
+                 n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
+                 d_head=None if c.get("head_dim") in (None, d / h) else c["head_dim"], d_ff=c["intermediate_size"],
+                 norm_eps=c.get("rms_norm_eps", 1e-6),
+                 positions="rope", rope_theta=theta, bias=False, mlp="swiglu", activation="silu", norm="rmsnorm")
+    n = c["num_hidden_layers"]
+    if kind in ("gemma2", "gemma3_text"):
+        gemma3 = kind == "gemma3_text"
+        types = _layer_types(c, n, 6 if gemma3 else 2)
+        window = c.get("sliding_window")
+        act = _activation(c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh", kind)
+        if act not in ("gelu_tanh", "gelu"):
+            raise ModelFileError(f"{kind} hidden_activation {act!r} is not supported (only a GELU)")
+        return ModelConfig(**shape | dict(
+            mlp="geglu", activation=act, norm="rmsnorm_offset", norm_placement="sandwich", scale_embeddings=True,
+            tie_embeddings=c.get("tie_word_embeddings", True),
+            layer_types=types if window is not None else None, sliding_window=window,
+            query_pre_attn_scalar=c.get("query_pre_attn_scalar", 256),
+            attn_softcap=c.get("attn_logit_softcapping"), final_softcap=c.get("final_logit_softcapping"),
+            qk_norm="head" if gemma3 else None, rope_local_theta=local_theta if local_theta != theta else None))
+    if kind == "qwen3_moe":
+        if c.get("hidden_act", "silu") != "silu":
+            raise ModelFileError(f"Qwen3-MoE hidden_act {c['hidden_act']!r} is not supported (only silu)")
+        if c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1:
+            key = "mlp_only_layers" if c.get("mlp_only_layers") else "decoder_sparse_step"
+            raise ModelFileError(f"Qwen3-MoE configs with dense layers among the experts' ({key}={c[key]!r}) are not "
+                                 "supported: every layer must be a mixture of experts")
+        if "num_local_experts" in c:  # (transformers 5's own name for num_experts, which older files use)
+            c = c | {"num_experts": c["num_local_experts"]}
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            if not isinstance(c.get(key), int) or isinstance(c.get(key), bool) or c[key] < 1:
+                raise ModelFileError(f"{key!r} must be a positive whole number, got {c.get(key)!r}")
+        norm_topk = c.get("norm_topk_prob", False)
+        if not isinstance(norm_topk, bool):
+            raise ModelFileError(f"'norm_topk_prob' must be true or false, got {norm_topk!r}")
+        return ModelConfig(**shape | dict(
+            d_ff=c["moe_intermediate_size"], tie_embeddings=c.get("tie_word_embeddings", False), qk_norm="head",
+            n_experts=c["num_experts"], experts_per_token=c["num_experts_per_tok"], norm_topk_prob=norm_topk))
+    if kind == "smollm3":
+        act = c.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelFileError(f"SmolLM3 hidden_act {act!r} is not supported (only silu)")
+        flags = c.get("no_rope_layers")
+        if flags is None:  # HF's default: every no_rope_layer_interval-th block without RoPE
+            every = c.get("no_rope_layer_interval", 4)
+            flags = [int((i + 1) % every != 0) for i in range(n)]
+        if not isinstance(flags, list) or len(flags) != n or not set(flags) <= {0, 1}:
+            raise ModelFileError(f"'no_rope_layers' must list 1 (RoPE) or 0 (none) for each of the {n} layers, "
+                                 f"got {flags!r}")
+        return ModelConfig(**shape | dict(tie_embeddings=c.get("tie_word_embeddings", True),
+                                          rope_layers=pattern([bool(f) for f in flags])))
+    raise AssertionError(kind)
+
+
+def _gemma3_rope(c: dict) -> tuple[dict, float]:
+    """Gemma 3's config.json with rope_parameters of its full-attention layers only (what _rope reads), and the
+    RoPE base of its sliding layers. Either spelling: transformers 5's rope_parameters by layer kind, or the older
+    rope_theta and rope_local_base_freq."""
+    rope = c.get("rope_parameters") or {}
+    if "full_attention" in rope or "sliding_attention" in rope:
+        full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+        for key, params in (("full_attention", full), ("sliding_attention", local)):
+            if not isinstance(params, dict):
+                raise ModelFileError(f"rope_parameters.{key} must be an object, got {params!r}")
+            if params.get("rope_type", "default") != "default":
+                raise ModelFileError(f"rope_parameters.{key}.rope_type {params['rope_type']!r} (RoPE scaling) is not "
+                                     "supported for Gemma 3 (only plain RoPE)")
+        theta = local.get("rope_theta", c.get("rope_local_base_freq", 10000.0))
+        c = c | {"rope_parameters": full}
+    else:
+        theta = c.get("rope_local_base_freq", 10000.0)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
+        raise ModelFileError(f"the sliding layers' rope_theta must be a positive number, got {theta!r}")
+    return c, float(theta)
+
+
+def _layer_types(c: dict, n: int, period: int = 2) -> tuple[str, ...]:
+    """config.json's layer_types in lumen's spelling (HF's default: every period-th layer full, the others sliding)."""
+    types = c.get("layer_types") or ["full_attention" if (i + 1) % period == 0 else "sliding_attention"
+                                     for i in range(n)]
+    back = {v: k for k, v in HF_LAYER_TYPES.items()}
+    if not isinstance(types, list) or len(types) != n or not all(t in back for t in types):
+        raise ModelFileError(f"'layer_types' must give {' or '.join(back)} for each of the {n} layers, got {types!r}")
+    return pattern([back[t] for t in types])
+
+
+def _family_a(cfg: ModelConfig) -> str | None:
+    """Qwen3, OLMo-2, Phi or GPT-J, if cfg is one of them (families-a)."""
+    parts = (cfg.mlp, cfg.norm, cfg.positions, cfg.norm_placement)
+    plain = not (cfg.scale_embeddings or cfg.rope_interleaved or cfg.head_bias) and cfg.attn_bias is None
+    if parts == ("swiglu", "rmsnorm", "rope", "pre") and cfg.qk_norm == "head" and plain:
+        if not (cfg.bias or cfg.qkv_bias) and cfg.sliding_window is None and cfg.rotary_fraction == 1.0:
+            return "qwen3"
+    if parts == ("swiglu", "rmsnorm", "rope", "branch_output") and cfg.qk_norm == "projection" and plain:
+        if not (cfg.bias or cfg.qkv_bias) and cfg.sliding_window is None and cfg.rotary_fraction == 1.0:
+            return "olmo2"
+    if parts == ("mlp", "layernorm", "rope", "parallel_shared") and cfg.head_bias and not cfg.scale_embeddings:
+        whole = cfg.sliding_window is None and cfg.n_heads * cfg.head_dim == cfg.d_model and not cfg.tie_embeddings
+        if cfg.rope_interleaved and whole and cfg.bias and cfg.attn_bias is False and cfg.qk_norm is None:
+            if cfg.kv_heads == cfg.n_heads and cfg.rope_theta == 10000.0 and cfg.rope_scaling is None:
+                return "gptj"  # (its RoPE base is fixed)
+        if not cfg.rope_interleaved and whole and cfg.bias and cfg.attn_bias is None and cfg.qk_norm in (None, "head"):
+            return "phi"
+    return None
+
+
+def _config_to_hf_a(cfg: ModelConfig, fam: str, common: dict, shape: dict, rope: dict) -> dict:
+    """config.json of the families-a architectures."""
+    if fam == "gptj":
+        return common | {
+            "n_positions": cfg.context, "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
+            "rotary_dim": cfg.rotary_dims, "n_inner": cfg.d_ff, "activation_function": HF_ACTIVATIONS[cfg.activation],
+            "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+            "attn_pdrop": cfg.dropout,
+        }
+    if fam == "phi":
+        return common | shape | {
+            "num_key_value_heads": cfg.kv_heads, "hidden_act": HF_ACTIVATIONS[cfg.activation],
+            "layer_norm_eps": cfg.norm_eps, "rope_parameters": rope | {"partial_rotary_factor": cfg.rotary_fraction},
+            "qk_layernorm": cfg.qk_norm == "head", "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+        }
+    out = common | shape | {"num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.norm_eps,
+                            "rope_parameters": rope, "hidden_act": "silu", "attention_bias": False}
+    return out | ({"use_sliding_window": False, "sliding_window": None} if fam == "qwen3" else {})
+
+
+def _rope_parameters(cfg: ModelConfig) -> dict:
+    """rope_parameters as transformers 5 spells them, with the frequency rescaling if any."""
+    rope: dict = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    sc = cfg.rope_scaling
+    if sc is not None:
+        rope |= {"rope_type": sc.kind, "factor": sc.factor}
+        if sc.kind == "llama3":
+            rope |= {"low_freq_factor": sc.low_freq_factor, "high_freq_factor": sc.high_freq_factor,
+                     "original_max_position_embeddings": sc.original_context}
+    return rope
+
+
 def config_to_hf(cfg: ModelConfig) -> dict:
     fam = family(cfg)
     common = {"architectures": [ARCHITECTURES[fam]], "model_type": fam, "vocab_size": cfg.vocab_size,
@@ -82,12 +322,14 @@ def config_to_hf(cfg: ModelConfig) -> dict:
             "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
             "attn_pdrop": cfg.dropout,
         }
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    rope = _rope_parameters(cfg)
     shape = {
         "hidden_size": cfg.d_model, "intermediate_size": cfg.hidden, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "max_position_embeddings": cfg.context, "rope_theta": cfg.rope_theta,
         "attention_dropout": cfg.dropout,
     }
+    if fam in ("qwen3", "olmo2", "phi", "gptj"):
+        return _config_to_hf_a(cfg, fam, common, shape, rope)
     if fam == "gpt_neox":  # the old keys (rotary_pct, rotary_emb_base) too, as Pythia's own config.json has them
         return common | shape | {
             "hidden_act": HF_ACTIVATIONS[cfg.activation], "layer_norm_eps": cfg.norm_eps,
@@ -105,19 +347,48 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         out["sliding_window"] = cfg.sliding_window
     if fam == "qwen2":
         out |= {"use_sliding_window": False, "sliding_window": None}
+    if fam in FAMILIES_B:
+        out = _config_to_hf_b(cfg, fam, out)
     return out
 
 
 def _rope(c: dict, default_theta: float = 10000.0) -> tuple[float, float]:
-    """(theta, rotary fraction) from either config.json spelling; scaled RoPE variants are refused."""
+    """(theta, rotary fraction) from either config.json spelling; RoPE variants are refused (see _rope_scaling)."""
     rope = c.get("rope_parameters") or {}
     scaling = c.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
     if rope_type != "default":
-        raise ModelFileError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
+        key = "rope_parameters" if "rope_type" in rope else "rope_scaling"
+        raise ModelFileError(f"{key}.rope_type {rope_type!r} (RoPE scaling) is not supported by this family "
+                             "(only plain RoPE)")
     theta = rope.get("rope_theta", c.get("rope_theta", c.get("rotary_emb_base", default_theta)))
     fraction = rope.get("partial_rotary_factor", c.get("rotary_pct", c.get("partial_rotary_factor", 1.0)))
     return float(theta), float(fraction)
+
+
+def _rope_scaling(c: dict) -> tuple[dict, RopeScaling | None]:
+    """config.json without its RoPE rescaling (for _rope), and the rescaling as a RopeScaling: "linear" and
+    "llama3" in either spelling (transformers 5's rope_parameters, the older rope_scaling); "dynamic", "yarn",
+    "longrope" and others are refused naming the key."""
+    rope, scaling = c.get("rope_parameters") or {}, c.get("rope_scaling") or {}
+    key, params = ("rope_parameters", rope) if "rope_type" in rope else ("rope_scaling", scaling)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return c, None
+    if kind not in ("linear", "llama3"):
+        raise ModelFileError(f"{key}.rope_type {kind!r} is not supported; lumen reads RoPE scaling 'linear' and "
+                             "'llama3' (or none: 'default')")
+    named: dict[str, Any] = {} if kind == "linear" else dict(
+        low_freq_factor=params.get("low_freq_factor"), high_freq_factor=params.get("high_freq_factor"),
+        original_context=params.get("original_max_position_embeddings", c.get("max_position_embeddings")))
+    try:
+        found = RopeScaling(kind, params.get("factor"), **named)  # type: ignore[arg-type]  # (checked there)
+    except ConfigError as e:
+        raise ModelFileError(f"{key}: {e}") from None
+    def plain(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k not in ("rope_type", "type")}
+
+    return c | {"rope_parameters": plain(rope), "rope_scaling": plain(scaling)}, found
 
 
 def _activation(act: str, kind: str) -> str:
@@ -128,12 +399,16 @@ def _activation(act: str, kind: str) -> str:
 
 # the config.json keys config_from_hf reads, by the type their values must have; and the ones it needs
 _HF_INTS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "hidden_size", "intermediate_size",
-            "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "head_dim")
-_HF_FLOATS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_theta", "rotary_emb_base", "rotary_pct")
+            "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "head_dim",
+            "rotary_dim")
+_HF_FLOATS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_theta", "rotary_emb_base", "rotary_pct",
+              "partial_rotary_factor")
+_HF_OPTIONAL_FLOATS = ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")  # null: none
 _HF_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "scale_attn_by_inverse_layer_idx",
-             "reorder_and_upcast_attn")
+             "reorder_and_upcast_attn", "scale_attn_weights", "use_sliding_window", "qk_layernorm")
 _HF_REQUIRED = {"gpt2": ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"),
                 "llama": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")}
+_HF_REQUIRED["gptj"] = _HF_REQUIRED["gpt2"]
 
 
 def check_hf_config(c: object) -> None:
@@ -144,7 +419,8 @@ def check_hf_config(c: object) -> None:
     kind = c.get("model_type")
     if not isinstance(kind, str):
         raise ModelFileError(f"'model_type' must be a string such as \"llama\", got {kind!r}")
-    for key in _HF_REQUIRED.get("llama" if kind in ("mistral", "qwen2", "gemma", "gpt_neox") else kind, ()):
+    like_llama = ("mistral", "qwen2", "gemma", "gpt_neox", "qwen3", "olmo2", "phi3", "phi", *FAMILIES_B)
+    for key in _HF_REQUIRED.get("llama" if kind in like_llama else kind, ()):
         if c.get(key) is None:
             raise ModelFileError(f"the config lacks {key!r}, which a {kind} model needs")
     for keys, ok, what in ((_HF_INTS, lambda v: isinstance(v, int) and v > 0, "a positive whole number"),
@@ -155,6 +431,10 @@ def check_hf_config(c: object) -> None:
             if (v is not None or keys is _HF_FLOATS and key in c) and (isinstance(v, bool) != (keys is _HF_BOOLS)
                                                                        or not ok(v)):
                 raise ModelFileError(f"{key!r} must be {what}, got {v!r}")
+    for key in _HF_OPTIONAL_FLOATS:
+        v = c.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+            raise ModelFileError(f"{key!r} must be a positive number or null, got {v!r}")
     for key in ("rope_parameters", "rope_scaling"):
         if not isinstance(c.get(key), (dict, type(None))):
             raise ModelFileError(f"{key!r} must be an object, got {c[key]!r}")
@@ -171,6 +451,9 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
             raise ModelFileError(
                 "GPT-2 configs with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn are not supported"
             )
+        if c.get("scale_attn_weights", True) is not True:  # scores not divided by sqrt(d_head): not lumen's attention
+            raise ModelFileError("GPT-2 configs with scale_attn_weights=false (attention scores not divided by "
+                                 "sqrt(d_head)) are not supported; set it to true only if the model was trained so")
         return ModelConfig(
             name=name, vocab_size=c["vocab_size"], context=c["n_positions"], d_model=c["n_embd"],
             n_layers=c["n_layer"], n_heads=c["n_head"], d_ff=c.get("n_inner"), mlp="mlp",
@@ -190,9 +473,13 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
             norm_placement="parallel" if c.get("use_parallel_residual", True) else "pre", positions="rope",
             rope_theta=theta, rotary_fraction=fraction, bias=True, tie_embeddings=c.get("tie_word_embeddings", False),
         )
-    if kind in ("llama", "mistral", "qwen2", "gemma"):
+    if kind in ("phi", "gptj"):
+        return _config_from_hf_parallel(c, kind, name)
+    if kind in ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2", "phi3"):
+        _check_layer_types(c, kind)
+        c, scaling = _rope_scaling(c)
         theta, fraction = _rope(c)
-        if fraction != 1.0:
+        if fraction != 1.0 and kind != "phi3":
             raise ModelFileError(f"{kind} configs with partial rotary ({fraction}) are not supported")
         if c.get("mlp_bias"):
             raise ModelFileError(f"{kind} configs with mlp_bias=true are not supported (lumen's gated MLPs have none)")
@@ -203,11 +490,13 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
                 raise ModelFileError(f"Gemma hidden_act {act!r} is not supported (only gelu_pytorch_tanh)")
         elif act != "silu":
             raise ModelFileError(f"{kind} hidden_act {act!r} is not supported (only silu)")
-        window = c.get("sliding_window") if kind == "mistral" else None
-        if kind == "qwen2" and c.get("use_sliding_window"):
-            raise ModelFileError("Qwen2 configs with use_sliding_window=true (windows on some layers): not supported")
+        window = c.get("sliding_window") if kind in ("mistral", "phi3") else None
+        if kind in ("qwen2", "qwen3") and c.get("use_sliding_window"):
+            raise ModelFileError(f"{kind} configs with use_sliding_window=true (windows on some layers): not supported")
         d, h = c["hidden_size"], c["num_attention_heads"]
         gemma = kind == "gemma"
+        if kind in ("qwen3", "olmo2", "phi3"):
+            return _config_from_hf_a(c, kind, name, theta, fraction, scaling, window)
         return ModelConfig(
             name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=d,
             n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
@@ -216,8 +505,69 @@ def config_from_hf(c: dict, name: str = "hf") -> ModelConfig:
             norm_eps=c.get("rms_norm_eps", 1e-6), positions="rope", rope_theta=theta,
             bias=bool(c.get("attention_bias", False)) and kind != "qwen2", qkv_bias=kind == "qwen2",
             tie_embeddings=c.get("tie_word_embeddings", gemma), scale_embeddings=gemma, sliding_window=window,
+            rope_scaling=scaling,
         )
+    if kind in FAMILIES_B:
+        return _config_from_hf_b(c, kind, name)
     raise ModelFileError(f"Hugging Face model_type {kind!r} is not supported; supported: {', '.join(FAMILIES)}")
+
+
+def _check_layer_types(c: dict, kind: str) -> None:
+    """transformers' per-layer attention kinds: lumen's families-a models attend the same way in every layer."""
+    types = c.get("layer_types")
+    if types is not None and (not isinstance(types, list) or set(types) - {"full_attention"}):
+        raise ModelFileError(f"{kind} configs with layer_types other than full_attention in every layer (windows on "
+                             f"some layers) are not supported; got {str(types)[:80]}")
+
+
+def _config_from_hf_a(c: dict, kind: str, name: str, theta: float, fraction: float, scaling: RopeScaling | None,
+                      window: int | None) -> ModelConfig:
+    """Qwen3 (q/k norm per head), OLMo-2 (branch-output norms, q/k norm over the projection) and Phi-3 (Llama with
+    fused projections in its files): their config.json after the checks config_from_hf shares with Llama."""
+    h = c["num_attention_heads"]
+    if kind == "olmo2" and c.get("attention_bias"):
+        raise ModelFileError("olmo2 configs with attention_bias=true are not supported")
+    return ModelConfig(
+        name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=c["hidden_size"],
+        n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
+        d_head=c.get("head_dim") or None, d_ff=c["intermediate_size"], mlp="swiglu", activation="silu", norm="rmsnorm",
+        norm_eps=c.get("rms_norm_eps", 1e-6), positions="rope", rope_theta=theta, rotary_fraction=fraction,
+        bias=bool(c.get("attention_bias", False)), tie_embeddings=c.get("tie_word_embeddings", False),
+        sliding_window=window, rope_scaling=scaling,
+        norm_placement="branch_output" if kind == "olmo2" else "pre",
+        qk_norm={"qwen3": "head", "olmo2": "projection"}.get(kind),
+    )
+
+
+def _config_from_hf_parallel(c: dict, kind: str, name: str) -> ModelConfig:
+    """Phi (Phi-1/1.5/2) and GPT-J: one LayerNorm read by attention and the MLP side by side, partial RoPE
+    (GPT-J's on interleaved pairs), biases on the MLP, and a bias on the unembedding."""
+    if kind == "gptj":
+        d, h = c["n_embd"], c["n_head"]
+        if d % h:
+            raise ModelFileError(f"n_embd ({d}) must be divisible by n_head ({h})")
+        rotary = c.get("rotary_dim") or d // h
+        if rotary > d // h or rotary % 2:
+            raise ModelFileError(f"rotary_dim ({rotary}) must be even and at most the head width ({d // h})")
+        return ModelConfig(
+            name=name, vocab_size=c["vocab_size"], context=c["n_positions"], d_model=d, n_layers=c["n_layer"],
+            n_heads=h, d_ff=c.get("n_inner"), mlp="mlp",
+            activation=_activation(c.get("activation_function", "gelu_new"), "GPT-J"), norm="layernorm",
+            norm_eps=c.get("layer_norm_epsilon", 1e-5), norm_placement="parallel_shared", positions="rope",
+            rotary_fraction=rotary / (d // h), rope_interleaved=True, bias=True, attn_bias=False, head_bias=True,
+            tie_embeddings=c.get("tie_word_embeddings", False),
+        )
+    c, scaling = _rope_scaling(c)
+    theta, fraction = _rope(c)
+    h = c["num_attention_heads"]
+    return ModelConfig(
+        name=name, vocab_size=c["vocab_size"], context=c.get("max_position_embeddings", 2048), d_model=c["hidden_size"],
+        n_layers=c["num_hidden_layers"], n_heads=h, n_kv_heads=c.get("num_key_value_heads") or h,
+        d_ff=c.get("intermediate_size"), mlp="mlp", activation=_activation(c.get("hidden_act", "gelu_new"), "Phi"),
+        norm="layernorm", norm_eps=c.get("layer_norm_eps", 1e-5), norm_placement="parallel_shared", positions="rope",
+        rope_theta=theta, rotary_fraction=fraction, rope_scaling=scaling, bias=True, head_bias=True,
+        qk_norm="head" if c.get("qk_layernorm") else None, tie_embeddings=c.get("tie_word_embeddings", False),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,6 +605,46 @@ _TOP = {
     "llama": _LLAMA_TOP, "qwen2": _LLAMA_TOP, "mistral": _LLAMA_TOP, "gemma": _LLAMA_TOP,
 }
 _BLOCKS = {"gpt2": ("transformer.h", _GPT2_BLOCK), "gpt_neox": ("gpt_neox.layers", _NEOX_BLOCK)}
+# families-a
+_QK_NORMS = {"attn.q_norm.g": "self_attn.q_norm.weight", "attn.k_norm.g": "self_attn.k_norm.weight"}
+_OLMO2_BLOCK = _LLAMA_BLOCK | _QK_NORMS | {  # its two norms act on what each branch writes
+    "ln1.g": "post_attention_layernorm.weight", "ln2.g": "post_feedforward_layernorm.weight"}
+_PHI_BLOCK = {  # one input_layernorm serves attention and the MLP
+    "ln1.g": "input_layernorm.weight", "ln1.b": "input_layernorm.bias",
+    **{f"attn.{m}.{p}": f"self_attn.{m}_proj.{p}" for m in "qkv" for p in ("weight", "bias")},
+    "attn.out.weight": "self_attn.dense.weight", "attn.out.bias": "self_attn.dense.bias",
+    "attn.q_norm.g": "self_attn.q_layernorm.weight", "attn.q_norm.b": "self_attn.q_layernorm.bias",
+    "attn.k_norm.g": "self_attn.k_layernorm.weight", "attn.k_norm.b": "self_attn.k_layernorm.bias",
+    "mlp.fc.weight": "mlp.fc1.weight", "mlp.fc.bias": "mlp.fc1.bias",
+    "mlp.proj.weight": "mlp.fc2.weight", "mlp.proj.bias": "mlp.fc2.bias",
+}
+_GPTJ_BLOCK = {
+    "ln1.g": "ln_1.weight", "ln1.b": "ln_1.bias",
+    **{f"attn.{m}.weight": f"attn.{m}_proj.weight" for m in "qkv"}, "attn.out.weight": "attn.out_proj.weight",
+    "mlp.fc.weight": "mlp.fc_in.weight", "mlp.fc.bias": "mlp.fc_in.bias",
+    "mlp.proj.weight": "mlp.fc_out.weight", "mlp.proj.bias": "mlp.fc_out.bias",
+}
+_TOP |= {
+    "qwen3": _LLAMA_TOP, "olmo2": _LLAMA_TOP,
+    "phi": {"tok_emb.weight": "model.embed_tokens.weight", "ln_f.g": "model.final_layernorm.weight",
+            "ln_f.b": "model.final_layernorm.bias", "lm_head.weight": "lm_head.weight", "lm_head.bias": "lm_head.bias"},
+    "gptj": {"tok_emb.weight": "transformer.wte.weight", "ln_f.g": "transformer.ln_f.weight",
+             "ln_f.b": "transformer.ln_f.bias", "lm_head.weight": "lm_head.weight", "lm_head.bias": "lm_head.bias"},
+}
+_BLOCKS |= {"qwen3": ("model.layers", _LLAMA_BLOCK | _QK_NORMS), "olmo2": ("model.layers", _OLMO2_BLOCK),
+            "phi": ("model.layers", _PHI_BLOCK), "gptj": ("transformer.h", _GPTJ_BLOCK)}
+# families-b: Gemma 2's sandwich (a norm before and after each branch); SmolLM3 is Llama's layout
+_GEMMA2_BLOCK = _LLAMA_BLOCK | {
+    "ln1_post.g": "post_attention_layernorm.weight", "ln2.g": "pre_feedforward_layernorm.weight",
+    "ln2_post.g": "post_feedforward_layernorm.weight",
+}
+_TOP |= {"gemma2": _LLAMA_TOP, "smollm3": _LLAMA_TOP, "gemma3_text": _LLAMA_TOP, "qwen3_moe": _LLAMA_TOP}
+# Qwen3-MoE: Qwen3's attention; the MLP a router ("gate") and experts whose names _key_map spells out one by one
+_MOE_BLOCK = {k: v for k, v in (_LLAMA_BLOCK | _QK_NORMS).items() if not k.startswith("mlp.")}
+_MOE_BLOCK |= {"mlp.router.weight": "mlp.gate.weight"}
+_EXPERT = {"w_gate.weight": "gate_proj.weight", "w_up.weight": "up_proj.weight", "w_down.weight": "down_proj.weight"}
+_BLOCKS |= {"gemma2": ("model.layers", _GEMMA2_BLOCK), "gemma3_text": ("model.layers", _GEMMA2_BLOCK | _QK_NORMS),
+            "qwen3_moe": ("model.layers", _MOE_BLOCK)}
 _FUSED_QKV = {"gpt2": "attn.c_attn", "gpt_neox": "attention.query_key_value"}
 
 
@@ -265,6 +655,9 @@ def _key_map(cfg: ModelConfig) -> dict[str, str]:
     keys = dict(_TOP[fam])
     for i in range(cfg.n_layers):
         keys.update({f"blocks.{i}.{k}": f"{prefix}.{i}.{v}" for k, v in block.items()})
+        for e in range(cfg.n_experts or 0):  # a mixture of experts: each expert's three matrices
+            keys.update({f"blocks.{i}.mlp.experts.{e}.{k}": f"{prefix}.{i}.mlp.experts.{e}.{v}"
+                         for k, v in _EXPERT.items()})
     return keys
 
 
@@ -315,6 +708,8 @@ def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
     """A Hugging Face state dict in lumen's names; raises on missing tensors."""
     fam, keys, out = family(cfg), _key_map(cfg), {}
     hf = _canonical_names(hf, fam)
+    if any(k.endswith(("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight")) for k in hf):
+        hf = _split_phi3(hf, cfg)
     template = GPT.template(cfg)
     for name in template.state_dict():
         if name == "lm_head.weight" and cfg.tie_embeddings:
@@ -336,6 +731,27 @@ def from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
     return out
 
 
+def _split_phi3(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Phi-3's fused projections as Llama's separate ones: qkv_proj stacks W_Q, W_K, W_V (rows), gate_up_proj
+    stacks W_gate and W_up."""
+    out = {}
+    sizes = [cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim]
+    for k, t in hf.items():
+        if k.endswith("self_attn.qkv_proj.weight"):
+            if t.dim() != 2 or t.size(0) != sum(sizes):
+                raise ModelFileError(f"tensor {k} has shape {tuple(t.shape)}; the config needs {sum(sizes)} rows")
+            for m, part in zip("qkv", t.split(sizes)):
+                out[k.replace("qkv_proj", f"{m}_proj")] = part.contiguous()
+        elif k.endswith("mlp.gate_up_proj.weight"):
+            if t.dim() != 2 or t.size(0) != 2 * cfg.hidden:
+                raise ModelFileError(f"tensor {k} has shape {tuple(t.shape)}; the config needs {2 * cfg.hidden} rows")
+            gate, up = t.chunk(2)
+            out[k.replace("gate_up_proj", "gate_proj")], out[k.replace("gate_up_proj", "up_proj")] = gate, up
+        else:
+            out[k] = t
+    return out
+
+
 def _canonical_names(hf: dict[str, torch.Tensor], fam: str) -> dict[str, torch.Tensor]:
     """Other spellings of the same tensors: GPT-2's original hub file has no `transformer.` prefix
     (`h.0.attn.c_attn.weight`, `wte.weight`); transformers 5 calls GPT-NeoX's `embed_out` `lm_head`."""
@@ -343,12 +759,44 @@ def _canonical_names(hf: dict[str, torch.Tensor], fam: str) -> dict[str, torch.T
         return {k if k.startswith("lm_head.") else f"transformer.{k}": v for k, v in hf.items()}
     if fam == "gpt_neox" and "lm_head.weight" in hf and "embed_out.weight" not in hf:
         return {"embed_out.weight" if k == "lm_head.weight" else k: v for k, v in hf.items()}
+    if any(k.endswith(".mlp.experts.gate_up_proj") for k in hf):
+        return _experts_one_by_one(hf)
     return hf
+
+
+def _experts_one_by_one(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5 holds a layer's experts as 3D tensors, gate_up_proj (E, 2 d_ff, d) with each expert's gate
+    rows then its up rows, and down_proj (E, d, d_ff); its files (and save_pretrained) have them one by one."""
+    out = {}
+    for k, t in hf.items():
+        if k.endswith(".mlp.experts.gate_up_proj"):
+            for e, (gate, up) in enumerate(w.chunk(2, dim=0) for w in t.unbind(0)):
+                out[k.replace("gate_up_proj", f"{e}.gate_proj.weight")] = gate
+                out[k.replace("gate_up_proj", f"{e}.up_proj.weight")] = up
+        elif k.endswith(".mlp.experts.down_proj"):
+            for e, down in enumerate(t.unbind(0)):
+                out[k.replace("down_proj", f"{e}.down_proj.weight")] = down
+        else:
+            out[k] = t
+    return out
+
+
+def _decided_by(tensor: str) -> str | None:
+    """The config.json key that says whether a tensor exists, if one does."""
+    if tensor.endswith(("lm_head.weight", "embed_out.weight")):
+        return "tie_word_embeddings"
+    if "q_layernorm." in tensor or "k_layernorm." in tensor:
+        return "qk_layernorm"
+    if tensor.endswith(".bias"):
+        return "mlp_bias" if ".mlp." in tensor else "attention_bias"
+    return None
 
 
 def _need(hf: dict[str, torch.Tensor], key: str) -> torch.Tensor:
     if key not in hf:
-        raise ModelFileError(f"the Hugging Face weights have no tensor {key!r} (is config.json the right one?)")
+        decided = _decided_by(key)
+        why = f"config.json's {decided!r} says there is one" if decided else "is config.json the right one?"
+        raise ModelFileError(f"the Hugging Face weights have no tensor {key!r} ({why})")
     return hf[key]
 
 

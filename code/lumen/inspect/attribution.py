@@ -17,6 +17,10 @@ attn_out = sum over h of W_O[:, h] z_h + b_O, so head h contributes z_h . (W_O[:
     >>> a = attribute(model, ids, contrast=(tok.encode(" Paris")[0], tok.encode(" Rome")[0]))  # doctest: +SKIP
     >>> a.values[:, -1].sum(), a.logit[-1]              # equal to ~1e-6              # doctest: +SKIP
 
+A soft-capped model (Gemma 2) squashes its logits last, cap * tanh(logit / cap), which is not linear: no
+split of the capped logit into shares is exact. What is split is the logit before the cap, which the writes
+do add up to (and which the cap maps one to one onto the model's logit); `Attribution.logit` is that one.
+
 "Direct" means what a write adds through the stream straight to the read-out, not what it changes by
 feeding later blocks (activation patching, lumen.inspect.patching, measures that).
 """
@@ -36,7 +40,7 @@ from ..tokenizers import Batch, single_token
 from .cache import run_with_cache
 from .hooks import inputs
 from .readout import Readout
-from .stack import check_sum, check_sum_of_writes
+from .stack import check_sum, check_sum_of_writes, out_norm_factor
 
 __all__ = ["Attribution", "attribute", "single_token", "top_components"]
 
@@ -48,6 +52,7 @@ class Attribution:
     components[c] names row c of values: "embed" (or "tok_emb" and "pos_emb"), "blocks.i.attn",
     "blocks.i.mlp" for every block, then "ln_f.b" (the final LayerNorm's bias; RMSNorm has none).
     values[:, t].sum() == logit[t]; heads[i, :, t].sum() + attn_bias[i, t] == the row "blocks.i.attn".
+    For a soft-capped model logit is the logit before the cap (the module docstring says why).
     """
 
     ids: list[int]
@@ -117,9 +122,11 @@ def attribute(
     kinds = ("z", "attn_out", "mlp_out")
     wanted = [names.EMBED, last] + [names.activation(i, k) for i in range(L) for k in kinds]
     logits, cache = run_with_cache(model, ids, wanted, mask=mask)
+    readout = Readout(model)
+    if readout.cap is not None:  # split what the writes add up to: the logits before the cap (same top-1)
+        logits = readout.linear(cache[last])
     logits = logits.double()                                                     # (B, T, V)
     tgt, minus = _targets(logits, target, contrast, batched)                     # (B, T) each
-    readout = Readout(model)
     W_U = readout.W_U
     u = W_U[tgt].double() - (W_U[minus].double() if minus is not None else 0)   # (B, T, d)
     logit = logits.gather(-1, tgt[..., None])[..., 0]
@@ -143,11 +150,12 @@ def attribute(
     for i in range(L):
         writes += [cache[names.activation(i, "attn_out")], cache[names.activation(i, "mlp_out")]]
         rows += [names.write(i, "attn"), names.write(i, "mlp")]
-        out = model.attention(i).out
-        v = (w @ out.weight.double()).unflatten(-1, (H, -1))                       # (B, T, H, hd): W_O^T w
-        heads[i] = (cache[names.activation(i, "z")].double() * v).sum(-1).permute(2, 0, 1).cpu()
+        out, z = model.attention(i).out, cache[names.activation(i, "z")]
+        w_i = w * out_norm_factor(model, i, z)          # w read back through a sandwich's frozen post-norm, if any
+        v = (w_i @ out.weight.double()).unflatten(-1, (H, -1))                     # (B, T, H, hd): W_O^T w
+        heads[i] = (z.double() * v).sum(-1).permute(2, 0, 1).cpu()
         if out.bias is not None:
-            attn_bias[i] = (w @ out.bias.double()).cpu()
+            attn_bias[i] = (w_i @ out.bias.double()).cpu()
     check_sum(x_final, sum(writes), mask)
     shares = [(c.double() * w).sum(-1) for c in writes]
     bias_share = readout.bias_share(u)

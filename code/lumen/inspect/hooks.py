@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from .. import names
-from ..block import ParallelBlock, PostLNBlock, TransformerBlock
+from ..block import MixtureOfExperts, ParallelBlock, PostLNBlock, SandwichBlock, TransformerBlock
 from ..errors import UserError
 from ..model import GPT, plain_attention
 from ..tokenizers import Batch
@@ -76,9 +76,10 @@ def activation_names(model: GPT, every: bool = False) -> list[str]:
     every=True: every site hooks can reach, in the order the forward pass makes them."""
     found = [names.EMBED]
     for i, block in enumerate(model.blocks):
-        parallel = isinstance(block, ParallelBlock)
+        parallel, moe = isinstance(block, ParallelBlock), isinstance(block.mlp, MixtureOfExperts)
         found += [names.activation(i, kind) for kind in (names.KINDS if every else PER_BLOCK)
-                  if not (parallel and kind == "resid_mid")]
+                  if not (parallel and kind == "resid_mid")
+                  and kind not in (names.ROUTER if not moe else ("mlp_pre", "mlp_hidden"))]
     if every and not isinstance(model.ln_f, nn.Identity):
         found.append(names.FINAL_SCALE)
     return found + [names.FINAL]
@@ -119,10 +120,23 @@ def place(model: GPT, name: str) -> Place:
         "attn_scores": Place(attn.scores, "out"), "attn_heads": Place(attn.out, "pre"),
         "z": Place(attn.out, "pre", attn.n_heads), "q": Place(attn.q, "out", attn.n_heads),
         "k": Place(attn.k, "out", attn.n_kv_heads), "v": Place(attn.v, "out", attn.n_kv_heads),
-        "mlp_hidden": Place(block.mlp.down, "pre"),
     }
+    simple |= {"q_normed": Place(attn.q_norm, "out"), "k_normed": Place(attn.k_norm, "out")}  # (B, T, heads, d_head)
+    if isinstance(block, SandwichBlock):  # what is added to the stream: each branch after its norm on the way out
+        simple |= {"attn_out": Place(block.ln1_post, "out"), "mlp_out": Place(block.ln2_post, "out")}
+    moe = block.mlp if isinstance(block.mlp, MixtureOfExperts) else None
+    if moe is not None:
+        if kind in ("mlp_pre", "mlp_hidden"):
+            raise UserError(f"{name}: block {i}'s MLP is a mixture of {len(moe.experts)} experts, each with hidden "
+                            "units of its own: ask for router_logits or expert_choices, or read an expert's neurons "
+                            "(lumen.inspect.neurons, expert=...)")
+        simple |= {"router_logits": Place(moe.router_logits, "out"), "expert_choices": Place(moe.choices, "out")}
+    elif kind in names.ROUTER:
+        raise UserError(f"{name}: block {i}'s MLP is not a mixture of experts, so it has no router")
     if kind in simple:
         return simple[kind]
+    if kind == "mlp_hidden":
+        return Place(block.mlp.down, "pre")
     if kind in SCALES:
         return Place(getattr(block, SCALES[kind]), "scale")
     if kind == "mlp_pre":   # the first matrix the MLP applies: W1, or the gate of a gated MLP

@@ -8,6 +8,9 @@ its value (row i of W2) into the stream. So a neuron has two faces:
 
     >>> value_tokens(model, tok, layer=20, unit=17)          # doctest: +SKIP
     >>> scan_layer(model, tok, windows, layer=20)[:5]   # the clearest triggers  # doctest: +SKIP
+
+A mixture of experts (Qwen3-MoE) has a hidden layer per expert: give `expert=e` and the units are expert e's
+(its value vectors, and its triggers among the tokens the router sends it).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .. import names
-from ..block import LayerNorm, TransformerBlock
+from ..block import LayerNorm, MixtureOfExperts, SwiGLU, TransformerBlock
 from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
@@ -26,31 +30,47 @@ from ..tokenizers import Batch, Tokenizer
 from .cache import capture, check_layer
 
 
-def _down(model: GPT, layer: int) -> torch.nn.Linear:
+def _mlp(model: GPT, layer: int, expert: int | None = None) -> torch.nn.Module:
+    """Block `layer`'s MLP, or expert `expert` of its mixture of experts (which needs one)."""
     block = model.blocks[check_layer(model, layer)]
     assert isinstance(block, TransformerBlock)  # every GPT block is one (pre-LN, post-LN or parallel)
-    return block.mlp.down
+    moe = block.mlp if isinstance(block.mlp, MixtureOfExperts) else None
+    if moe is None:
+        if expert is not None:
+            raise UserError(f"expert {expert}: block {layer}'s MLP is not a mixture of experts (leave expert out)")
+        return block.mlp
+    if expert is None or not 0 <= expert < len(moe.experts):
+        raise UserError(f"block {layer}'s MLP is a mixture of {len(moe.experts)} experts: give expert=0.."
+                        f"{len(moe.experts) - 1}, got {expert}")
+    return moe.experts[expert]
 
 
-def n_units(model: GPT, layer: int) -> int:
-    return _down(model, layer).in_features
+def _down(model: GPT, layer: int, expert: int | None = None) -> torch.nn.Linear:
+    return _mlp(model, layer, expert).down  # type: ignore[return-value]  # (every MLP's .down is a Linear)
 
 
-def check_unit(model: GPT, layer: int, unit: int) -> int:
-    n = n_units(model, layer)
+def n_units(model: GPT, layer: int, expert: int | None = None) -> int:
+    return _down(model, layer, expert).in_features
+
+
+def check_unit(model: GPT, layer: int, unit: int, expert: int | None = None) -> int:
+    n = n_units(model, layer, expert)
     if not 0 <= unit < n:
         raise UserError(f"unit {unit} is out of range: block {layer}'s MLP has units 0..{n - 1}")
     return unit
 
 
 @torch.no_grad()
-def value_logits(model: GPT, layer: int, units: int | torch.Tensor | None = None) -> torch.Tensor:
+def value_logits(model: GPT, layer: int, units: int | torch.Tensor | None = None,
+                 expert: int | None = None) -> torch.Tensor:
     """How each unit's value vector moves the logits: unembedding(gain * value), (V,) for one unit or
     (units, V). LayerNorm also removes the mean, so the value is centred first; the norm's division by
-    the stream's size only scales all logits alike and is left out."""
-    values = _down(model, layer).weight.T                    # (d_ff, d): row i is unit i's value
+    the stream's size only scales all logits alike and is left out. A sandwich block's post-MLP norm and a
+    soft-cap on the logits are left out too: this is the direction a value pushes, before either rescales it.
+    expert: which expert's units, in a mixture of experts."""
+    values = _down(model, layer, expert).weight.T            # (d_ff, d): row i is unit i's value
     if isinstance(units, int):
-        values = values[check_unit(model, layer, units)][None]
+        values = values[check_unit(model, layer, units, expert)][None]
     elif units is not None:
         values = values[units]
     if isinstance(model.ln_f, LayerNorm):
@@ -75,20 +95,26 @@ def value_tokens(model: GPT, tokenizer: Tokenizer, layer: int, unit: int, k: int
 @torch.no_grad()
 def top_activations(
     model: GPT, windows: torch.Tensor | Batch, layer: int, k: int = 10, batch: int = 8,
-    mask: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None, expert: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For every unit of block `layer`'s MLP, its k largest activations over token windows (N, T):
     (values (units, k), flat positions (units, k) into windows.flatten()). Runs the blocks up to `layer` only.
-    A padded batch (a Batch, or windows and a mask) counts its real tokens only."""
+    A padded batch (a Batch, or windows and a mask) counts its real tokens only. expert: in a mixture of experts,
+    that expert's units, over the tokens the router sends it (the others never count)."""
     if isinstance(windows, Batch):
         mask, windows = windows.mask, windows.ids
     check_layer(model, layer)
+    _mlp(model, layer, expert)  # (a clear error for a missing or needless expert)
     best_v: torch.Tensor | None = None
     best_i: torch.Tensor | None = None
     for start in progress(range(0, windows.size(0), batch), desc=f"reading block {layer}'s MLP", unit="batch"):
         x = windows[start : start + batch].to(model.device)
         m = mask[start : start + batch].to(model.device) if mask is not None else None
-        acts = capture(model, x, names.activation(layer, "mlp_hidden"), m).flatten(0, 1).float().cpu()  # (B*T, units)
+        if expert is None:
+            acts = capture(model, x, names.activation(layer, "mlp_hidden"), m)
+        else:
+            acts = _expert_hidden(model, x, layer, expert, m)
+        acts = acts.flatten(0, 1).float().cpu()                               # (B*T, units)
         if m is not None:   # padding never counts as a trigger
             acts = acts.masked_fill(~m.flatten().cpu()[:, None], float("-inf"))
         pos = torch.arange(start * windows.size(1), start * windows.size(1) + acts.size(0))
@@ -102,6 +128,24 @@ def top_activations(
     if best_v is None or best_i is None:
         raise UserError("no token windows to scan (give a longer corpus)")
     return best_v, best_i
+
+
+def _expert_hidden(model: GPT, x: torch.Tensor, layer: int, expert: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, T, units): expert `expert`'s hidden units at every token the router sends it, -inf at the others. Read off
+    the mixture's own input (a forward pre-hook for one pass), so they are the units the expert computes there."""
+    moe = model.blocks[layer].mlp
+    assert isinstance(moe, MixtureOfExperts)
+    seen: list[torch.Tensor] = []
+    handle = moe.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    try:
+        chosen = capture(model, x, names.activation(layer, "expert_choices"), mask)    # (B, T, k)
+    finally:
+        handle.remove()
+    e = moe.experts[expert]
+    assert isinstance(e, SwiGLU)
+    h = seen[0]
+    hidden = F.silu(e.w_gate(h)) * e.w_up(h)                                           # (B, T, units)
+    return hidden.masked_fill(~(chosen == expert).any(-1, keepdim=True), float("-inf"))
 
 
 @dataclass

@@ -259,7 +259,7 @@ def _run_group(model: GPT, corrupted: Corrupted, copies: list[Copy], s: int, p: 
                               kv.v[:, :, :p + 1].expand(x.size(0), -1, -1, -1).clone(), length)
             x = model.blocks[j](x, None, kv_j)
     assert x is not None
-    logits = model.lm_head(model.ln_f(x[:, -1]))
+    logits = model.logit_cap(model.lm_head(model.ln_f(x[:, -1])))   # (soft-capped, as the model's own)
     full = [{name: _whole(corrupted, name, a, s, p) for name, a in rec.items()} for rec in recorded]
     return logits, full
 

@@ -9,6 +9,10 @@ One object that the lenses, attribution, the residual-stack helpers and patching
     >>> readout.logits(h, [5, 9]).shape                               # two tokens' logits only
     torch.Size([1, 3, 2])
 
+A soft-capped model (Gemma 2) squashes the logits last, cap * tanh(logits / cap): the read-out applies it
+(`__call__`, `logits`: the model's own logits), but it is not linear in the stream, so what the writes of a
+stream add up to is the logit before the cap (`linear`): attribution splits that one.
+
 The final norm is not linear, but with its scale s frozen (at the value a forward pass used at that position)
 it is: LayerNorm(x) = centre(x) / s * g + b and RMSNorm(x) = x / s * g. `scale(h)` is the s a norm divides h
 by; `frozen(c, s)` is the linear part applied to one write c, so that the writes of a stream add up to its
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
+from ..attention import SoftCap
 from ..block import LayerNorm, RMSNorm
 from ..errors import UserError
 from ..model import GPT
@@ -58,16 +63,27 @@ def normalise(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor) -> torch.Te
 
 
 class Readout:
-    """The final norm and the unembedding of a model (a reference to its own modules, not a copy)."""
+    """The final norm, the unembedding and the logits' soft-cap, if any, of a model (references to its own
+    modules, not copies)."""
 
     def __init__(self, model: GPT):
         self.norm: Norm = _check(model.ln_f)
         self.unembed = model.lm_head
         self.W_U = model.lm_head.weight                   # (V, d): row t reads token t
+        self.cap = model.logit_cap if isinstance(model.logit_cap, SoftCap) else None
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits (..., V) of a stream h (..., d), as the model computes them."""
+        """Logits (..., V) of a stream h (..., d), as the model computes them (soft-capped, if it caps them)."""
+        return self.capped(self.linear(h))
+
+    def linear(self, h: torch.Tensor) -> torch.Tensor:
+        """The logits before any soft-cap (..., V): unembed(norm(h)), linear in the normed stream, so the writes of
+        a stream add up to them (with the norm's scale frozen). The model's own logits where it has no cap."""
         return self.unembed(self.norm(h))
+
+    def capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits through the model's soft-cap (unchanged without one)."""
+        return logits if self.cap is None else self.cap(logits)
 
     def scale(self, h: torch.Tensor) -> torch.Tensor:
         """(..., 1): the final norm's scale for stream h (the forward pass's, when h is the real final stream)."""
@@ -111,10 +127,14 @@ class Readout:
 
     def logits(self, h: torch.Tensor, tokens: int | Sequence[int] | torch.Tensor) -> torch.Tensor:
         """(..., n): the logits of the given tokens only for stream h (..., d), without the whole vocabulary's."""
-        return self.norm(h) @ self.directions(tokens).T
+        return self.capped(self.norm(h) @ self.directions(tokens).T)
 
     def logit_diff(self, h: torch.Tensor, a: int | torch.Tensor, b: int | torch.Tensor) -> torch.Tensor:
         """logit[a] - logit[b] of stream h (..., d); a and b token ids, or tensors of ids that broadcast
         against h's leading axes (one pair per row)."""
+        normed = self.norm(h)
+        if self.cap is not None:  # the cap is not linear: each logit capped, then the difference
+            return self.cap((normed * self.W_U[torch.as_tensor(a, device=self.W_U.device)]).sum(-1)) - self.cap(
+                (normed * self.W_U[torch.as_tensor(b, device=self.W_U.device)]).sum(-1))
         u = self.W_U[torch.as_tensor(a, device=self.W_U.device)] - self.W_U[torch.as_tensor(b, device=self.W_U.device)]
-        return (self.norm(h) * u).sum(-1)
+        return (normed * u).sum(-1)

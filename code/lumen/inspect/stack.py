@@ -8,9 +8,11 @@ is the sum of its writes (the chapter's residual picture):
 
 `decompose` stacks those writes (the heads too, with heads=True); with the final norm's scale frozen at
 the value the forward pass used at each position (`Readout.frozen`), their read-outs add up to the
-model's own logits, less the norm's bias, which is counted once. `accumulated` stacks the stream after
-the embedding and after every block; each row is read with its own scale, as if the model ended there:
-that is the logit lens, here for chosen tokens or a logit difference, per layer and position.
+model's own logits, less the norm's bias, which is counted once (a soft-capped model's logits before the cap:
+the cap is not linear, so the writes add up to what it squashes). `accumulated` stacks the stream after
+the embedding and after every block; each row is read with its own scale, as if the model ended there (and
+capped, as the model's logits are): that is the logit lens, here for chosen tokens or a logit difference,
+per layer and position.
 
     >>> model = GPT.from_preset("baby-llama", n_layers=2).eval()
     >>> idx = torch.tensor([[1, 2, 3, 4]])
@@ -38,7 +40,7 @@ from ..model import GPT
 from ..tokenizers import Batch
 from .cache import run_with_cache
 from .hooks import inputs
-from .readout import Readout
+from .readout import Readout, norm_scale
 
 TOLERANCE = 1e-3   # the largest |stream - sum of its named writes|, relative to the stream's size
 
@@ -80,14 +82,17 @@ class Stack:
     def logits(self, tokens: Tokens) -> torch.Tensor:
         """(C, B, T, n): each row's share of the logits of the given tokens (float64)."""
         u = self.readout.directions(tokens).double()                             # (n, d)
-        return torch.einsum("cbtd,nd->cbtn", self.normed().double(), u)
+        x = torch.einsum("cbtd,nd->cbtn", self.normed().double(), u)
+        return x if self.shared else self.readout.capped(x)   # a lens's rows are logits; writes are shares of one
 
     @torch.no_grad()
     def logit_diff(self, a: Tokens, b: Tokens) -> torch.Tensor:
         """(C, B, T): each row's share of logit[a] - logit[b] (float64); a and b token ids, or one per
         prompt of the batch ((B,) each)."""
-        u = self._direction(a, b)
-        return (self.normed().double() * u).sum(-1)
+        if self.shared or self.readout.cap is None:
+            return (self.normed().double() * self._direction(a, b)).sum(-1)
+        normed, cap = self.normed().double(), self.readout.capped   # a lens's rows: each logit capped, then subtracted
+        return cap((normed * self._rows(a)).sum(-1)) - cap((normed * self._rows(b)).sum(-1))
 
     @torch.no_grad()
     def bias_share(self, a: Tokens, b: Tokens | None = None) -> torch.Tensor | None:
@@ -102,9 +107,12 @@ class Stack:
 
     def _direction(self, a: Tokens, b: Tokens) -> torch.Tensor:
         """W_U[a] - W_U[b]: (d,) for one pair, (B, 1, d) for one pair per prompt."""
+        return self._rows(a) - self._rows(b)
+
+    def _rows(self, a: Tokens) -> torch.Tensor:
+        """W_U[a]: (d,) for one token, (B, 1, d) for one per prompt."""
         W = self.readout.W_U
-        ta, tb = (torch.as_tensor(t, dtype=torch.long, device=W.device) for t in (a, b))
-        u = (W[ta].double() - W[tb].double())
+        u = W[torch.as_tensor(a, dtype=torch.long, device=W.device)].double()
         if u.dim() == 2:
             if u.size(0) != self.values.size(1):
                 raise UserError(f"{u.size(0)} answer pairs for a batch of {self.values.size(1)} prompts: give one "
@@ -143,11 +151,12 @@ def decompose(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: torch
             z = cache[names.activation(i, "z")]                                      # (B, T, H, hd)
             H = z.size(2)
             W_O = out.weight.unflatten(1, (H, -1))                                   # (d, H, hd)
-            values += list(torch.einsum("bthk,dhk->hbtd", z, W_O))
+            factor = out_norm_factor(model, i, z)                                    # (B, T, d) or 1
+            values += list(torch.einsum("bthk,dhk->hbtd", z, W_O) * factor)
             rows += [names.head(i, h) for h in range(H)]
             if out.bias is not None:
                 rows.append(names.write(i, "attn") + ".bias")
-                values.append(out.bias.expand_as(embed))
+                values.append(out.bias.expand_as(embed) * factor)
         else:
             rows.append(names.write(i, "attn"))
             values.append(cache[names.activation(i, "attn_out")])
@@ -184,6 +193,22 @@ def accumulated(model: GPT, idx: torch.Tensor | Sequence[int] | Batch, mask: tor
     stack = torch.stack(values)
     readout = Readout(model)
     return Stack(rows, stack, readout.scale(stack), readout, shared=False, mask=mask)
+
+
+def out_norm_factor(model: GPT, layer: int, z: torch.Tensor) -> torch.Tensor | float:
+    """What block `layer` multiplies its attention's output by on the way into the stream: 1, or for a sandwich
+    block (Gemma 2) its post-attention RMSNorm with the scale frozen at the forward pass's, gain / s (B, T, d).
+    Frozen, that norm is linear, so the heads' writes (each head's output through W_O, times this) add up to
+    attn_out. z: the block's per-head outputs (B, T, H, d_head)."""
+    from ..block import SandwichBlock
+
+    block = model.blocks[layer]
+    if not isinstance(block, SandwichBlock):
+        return 1.0
+    attn = model.attention(layer)
+    before = attn.out(z.flatten(-2).to(attn.out.weight.dtype))                   # attention's output, pre-norm
+    gain: torch.Tensor = block.ln1_post.gain  # type: ignore[assignment]  # (a norm: RMSNorm or OffsetRMSNorm)
+    return gain.to(before.dtype) / norm_scale(block.ln1_post, before)
 
 
 def check_sum_of_writes(model: GPT) -> None:
