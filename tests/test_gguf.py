@@ -62,10 +62,11 @@ def test_every_writable_quantization_matches_transformers(tmp_path, hf_from_gguf
     torch.testing.assert_close(ours, hf_logits(hf_from_gguf, path, IDS), rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma"])
+@pytest.mark.parametrize("arch", ["qwen2", "gemma", "phi3", "qwen3moe"])
 def test_other_architectures_round_trip(tmp_path, arch):
-    """A "qwen2" file (q/k/v biases, rows not permuted) and a "gemma" file (norm gains stored as 1 + g, heads
-    wider than d_model / n_heads) read back as the model written, and compute its logits."""
+    """A "qwen2" file (q/k/v biases, rows not permuted), a "gemma" file (norm gains stored as 1 + g, heads
+    wider than d_model / n_heads), a "phi3" file (W_Q, W_K, W_V fused, W_gate and W_up fused) and a "qwen3moe"
+    file (experts stacked) read back as the model written, and compute its logits."""
     model = tiny_model(tie=arch == "gemma", seed=2, arch=arch)
     path = tmp_path / f"{arch}.gguf"
     write_gguf(path, model, arch=arch)

@@ -35,14 +35,16 @@ ARCH_FIELDS = {
     "llama": {},
     "qwen2": dict(qkv_bias=True),
     "gemma": dict(mlp="geglu", activation="gelu_tanh", norm="rmsnorm_offset", scale_embeddings=True, d_head=32),
+    "phi3": {},
+    "qwen3moe": dict(qk_norm="head", n_experts=4, experts_per_token=2, norm_topk_prob=True, d_ff=32),
 }
 
 
 def tiny_model(tie: bool = True, seed: int = 0, arch: str = "llama") -> GPT:
     torch.manual_seed(seed)
-    cfg = GPT.from_preset("baby-llama").cfg.replace(
+    cfg = GPT.from_preset("baby-llama").cfg.replace(**dict(
         vocab_size=len(TOKENS), context=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96,
-        rope_theta=50000.0, norm_eps=2.0**-16, tie_embeddings=tie, **ARCH_FIELDS[arch]  # eps exact in float32
+        rope_theta=50000.0, norm_eps=2.0**-16, tie_embeddings=tie) | ARCH_FIELDS[arch]  # eps exact in float32
     )
     model = GPT(cfg).eval()
     with torch.no_grad():  # norms away from 1, so a swapped gain would show
@@ -64,6 +66,7 @@ GGUF_NAMES = {"ln1.g": "attn_norm.weight", "attn.q.weight": "attn_q.weight", "at
               "mlp.w_down.weight": "ffn_down.weight"}
 
 
+QK_NORM_NAMES = {"attn.q_norm.g": "attn_q_norm.weight", "attn.k_norm.g": "attn_k_norm.weight"}
 BIAS_NAMES = {"attn.q.bias": "attn_q.bias", "attn.k.bias": "attn_k.bias", "attn.v.bias": "attn_v.bias"}
 
 
@@ -76,12 +79,23 @@ def gguf_tensors(model: GPT, arch: str = "llama") -> dict[str, np.ndarray]:
     if not cfg.tie_embeddings:
         out["output.weight"] = sd["lm_head.weight"]
     names = GGUF_NAMES | (BIAS_NAMES if cfg.qkv_bias else {})
+    if arch == "qwen3moe":  # no dense MLP: a router and the experts, stacked below
+        names = {k: v for k, v in names.items() if not k.startswith("mlp.")} | QK_NORM_NAMES
+        names["mlp.router.weight"] = "ffn_gate_inp.weight"
     for i in range(cfg.n_layers):
         for ours, theirs in names.items():
             t = sd[f"blocks.{i}.{ours}"]
             if arch == "llama" and ours in ("attn.q.weight", "attn.k.weight"):
                 t = llama_cpp_permute(t, cfg.n_heads if ours == "attn.q.weight" else cfg.kv_heads)
             out[f"blk.{i}.{theirs}"] = t
+        if arch == "phi3":  # W_Q, W_K, W_V in one tensor, W_gate and W_up in another (gate rows first)
+            for fused, parts in (("attn_qkv.weight", ("attn_q", "attn_k", "attn_v")),
+                                 ("ffn_up.weight", ("ffn_gate", "ffn_up"))):
+                out[f"blk.{i}.{fused}"] = np.concatenate([out.pop(f"blk.{i}.{p}.weight") for p in parts])
+        if arch == "qwen3moe":  # each kind of expert matrix stacked: (experts, out, in)
+            for ours, theirs in (("w_gate", "ffn_gate_exps"), ("w_up", "ffn_up_exps"), ("w_down", "ffn_down_exps")):
+                out[f"blk.{i}.{theirs}.weight"] = np.stack(
+                    [sd[f"blocks.{i}.mlp.experts.{e}.{ours}.weight"] for e in range(cfg.n_experts or 0)])
     if arch == "gemma":
         out = {k: v + 1 if k.endswith("norm.weight") else v for k, v in out.items()}
     return out
@@ -106,6 +120,10 @@ def write_gguf(path, model: GPT, types: dict[str, Q] | None = None, arch: str = 
     if cfg.d_head:
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
+    if arch == "qwen3moe":
+        w.add_expert_count(cfg.n_experts)
+        w.add_expert_used_count(cfg.experts_per_token)
+        w.add_expert_feed_forward_length(cfg.hidden)
     w.add_vocab_size(cfg.vocab_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
