@@ -89,6 +89,20 @@ convert.main()
 """
 
 
+def save_tokenizer(directory: Path, vocab_size: int) -> None:
+    """The tests' byte-level BPE (helpers.gguf), padded to vocab_size tokens, as directory/tokenizer.json: the
+    Gemma 3 converter counts its tokens to trim the embedding."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from helpers.gguf import MERGES, TOKENS
+
+    vocab = TOKENS + [f"<pad{i}>" for i in range(vocab_size - len(TOKENS))]
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(vocab)}, merges=[tuple(m.split(" ")) for m in MERGES]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(directory / "tokenizer.json"))
+
+
 def convert(hf_dir: Path, out: Path, outtype: str = "f32") -> Path:
     """hf_dir (a tiny model saved by transformers, vocab_size >= len(TOKENS)) through llama.cpp's converter."""
     tests = str(Path(__file__).resolve().parent.parent)
