@@ -17,6 +17,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
     Phi3Config,
@@ -59,6 +61,8 @@ MODELS = {
     "smollm3": lambda: SmolLM3ForCausalLM(SmolLM3Config(**SHAPE, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(  # 7 blocks: the five-windowed-to-one-full rhythm, and more
         **SHAPE | dict(num_hidden_layers=7), head_dim=16, query_pre_attn_scalar=16, sliding_window=5)),
+    "mixtral": lambda: MixtralForCausalLM(MixtralConfig(  # written as "llama" with stacked experts
+        **SHAPE | dict(intermediate_size=32), num_local_experts=4, num_experts_per_tok=2)),
     "qwen3moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
         **SHAPE, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
 }

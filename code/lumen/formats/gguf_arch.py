@@ -86,6 +86,12 @@ EXPERTS = {"ffn_gate_exps.weight": "w_gate.weight", "ffn_up_exps.weight": "w_up.
 TOP_EXTRA = {"output_norm.bias": "ln_f.b", "output.bias": "lm_head.bias"}
 _GEMMA = dict(mlp="geglu", activation="gelu_tanh", norm="rmsnorm_offset", scale_embeddings=True)
 
+# Mixtral converts to "llama" with a router and stacked experts (its top-k weights renormalised, as llama.cpp does)
+ARCHITECTURES["llama"] = Architecture(
+    _LLAMA_FIELDS | dict(norm_topk_prob=True), LLAMA_BLOCK | {"ffn_gate_inp.weight": "mlp.router.weight"},
+    permuted_qk=True, optional=frozenset({ROPE_FREQS}),
+    meta_fields={"n_experts": "expert_count", "experts_per_token": "expert_used_count"}, experts=EXPERTS,
+)
 ARCHITECTURES |= {
     # Qwen3: an RMSNorm on each head's query and key before RoPE
     "qwen3": Architecture(_LLAMA_FIELDS | dict(qk_norm="head"), LLAMA_BLOCK | QK_NORM_TENSORS),
