@@ -109,16 +109,12 @@ def reference_model(kind: str, path: Path, dtype: torch.dtype):
     transformers.utils.logging.disable_progress_bar()
     auto = transformers.AutoModelForCausalLM
     if kind == "hf":
-        return auto.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-
-    from .formats.gguf import architecture, open_gguf
-
-    arch = architecture(open_gguf(path).meta)[0]
-    if arch not in GGUF_CONFIG_MAPPING:
-        raise UserError(f"{path.name}: transformers {transformers.__version__} cannot read GGUF architecture "
-                        f"{arch!r}, so there is no reference to verify against; verify the Hugging Face model it "
-                        "was converted from instead")
+        try:
+            return auto.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+        except Exception as e:  # lumen read the directory; transformers' own reading of it failed
+            raise UserError(f"{path}: transformers {transformers.__version__} cannot load this directory "
+                            f"({type(e).__name__}: {_first_line(e)}), so there is no reference to verify "
+                            "against") from None
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     bar = gguf_utils.tqdm  # its GGUF reading draws a progress bar no setting turns off: off while it runs
@@ -126,8 +122,17 @@ def reference_model(kind: str, path: Path, dtype: torch.dtype):
     try:
         return auto.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                     attn_implementation="eager").eval()
+    except Exception as e:  # the reference cannot be had: an architecture or a detail its GGUF reading lacks
+        what = "architecture" if "not supported" in str(e) else "file"
+        raise UserError(f"{path.name}: transformers {transformers.__version__} cannot read this GGUF {what} "
+                        f"({type(e).__name__}: {_first_line(e)}), so there is no reference to verify against; "
+                        "verify the Hugging Face model it was converted from instead") from None
     finally:
         gguf_utils.tqdm = bar
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 def verify(spec: str, texts: dict[str, str], dtype: str = "float32", steps: int = 32) -> Receipt:
