@@ -45,7 +45,7 @@ from transformers import (
 import lumen.formats
 from helpers.gguf import MERGES, TOKENS, tiny_model, write_gguf
 from lumen.cli import main
-from lumen.verify import FIXED_TEXT
+from lumen.formats.verify import FIXED_TEXT
 
 V = 300  # the helper tokenizer has 264 tokens
 SHAPE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -1,5 +1,5 @@
 """`lumen verify MODEL [--text FILE] [--dtype float32|bfloat16] [--steps N] [--json]`: a receipt that lumen computes
-what Hugging Face transformers computes on the same weights (lumen.verify): exit 0 within the noise floor,
+what Hugging Face transformers computes on the same weights (lumen.formats.verify): exit 0 within the noise floor,
 1 outside it, 2 for bad input."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..verify import FIXED_TEXT, verify
+    from ..formats.verify import FIXED_TEXT, verify
 
     at_least(args, "steps", least=0)
     texts = {"built-in text": FIXED_TEXT}

@@ -1,8 +1,6 @@
 """A receipt a user can run on their own model: lumen's forward pass against Hugging Face transformers' on the
-same weights and the same tokens (`lumen verify`).
-
-    >>> receipt = verify("path/to/hf-dir", texts={"fixed": FIXED_TEXT})   # doctest: +SKIP
-    >>> receipt.passed, receipt.comparisons[0].relative                    # doctest: +SKIP
+same weights and the same tokens (`lumen verify`): `verify("path/to/hf-dir", {"built-in": FIXED_TEXT})` is a
+Receipt, whose `passed` says whether every comparison is within its noise floor.
 
 For each text: the largest |difference| between the two models' logits, that divided by the largest |logit| of
 transformers' (the relative error, the figure the noise floors are stated in), the mean KL divergence of lumen's
@@ -22,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 # the relative error within which two forward passes of the same weights agree, by the weights' precision
 THRESHOLDS = {"float32": 5e-5, "bfloat16": 1e-2}
@@ -137,7 +135,7 @@ def _first_line(e: Exception) -> str:
 
 def verify(spec: str, texts: dict[str, str], dtype: str = "float32", steps: int = 32) -> Receipt:
     """lumen's model of `spec` against transformers' on each text (name -> text): a Receipt."""
-    from .formats import load, resolve
+    from . import load, resolve
 
     if dtype not in DTYPES:
         raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
