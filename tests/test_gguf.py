@@ -62,6 +62,31 @@ def test_every_writable_quantization_matches_transformers(tmp_path, hf_from_gguf
     torch.testing.assert_close(ours, hf_logits(hf_from_gguf, path, IDS), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gemma", "phi3", "qwen3moe"])
+def test_other_architectures_round_trip(tmp_path, arch):
+    """A "qwen2" file (q/k/v biases, rows not permuted), a "gemma" file (norm gains stored as 1 + g, heads
+    wider than d_model / n_heads), a "phi3" file (W_Q, W_K, W_V fused, W_gate and W_up fused) and a "qwen3moe"
+    file (experts stacked) read back as the model written, and compute its logits."""
+    model = tiny_model(tie=arch == "gemma", seed=2, arch=arch)
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(path, model, arch=arch)
+    w = read_gguf(path)
+    assert w.cfg.replace(name=model.cfg.name) == model.cfg
+    for name, t in model.state_dict().items():
+        if name != "lm_head.weight" or not model.cfg.tie_embeddings:  # 1 + g - 1 is g to float32 rounding
+            torch.testing.assert_close(w.state[name], t, rtol=0, atol=0 if arch != "gemma" else 1.2e-7, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(load(str(path)).model(IDS)[0], model(IDS)[0], rtol=0, atol=1e-5)
+
+
+def test_qwen2_file_matches_transformers(tmp_path, hf_from_gguf):
+    """transformers reads a "qwen2" file its own way (no row permutation, biases): the same logits."""
+    path = tmp_path / "qwen2.gguf"
+    write_gguf(path, tiny_model(tie=False, seed=3, arch="qwen2"), arch="qwen2")
+    ours, _ = load(str(path)).model(IDS)
+    torch.testing.assert_close(ours, hf_logits(hf_from_gguf, path, IDS), rtol=0, atol=1e-5)
+
+
 def test_tokenizer_from_metadata(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_gguf(path, tiny_model())
@@ -71,6 +96,21 @@ def test_tokenizer_from_metadata(tmp_path):
     assert [TOKENS[i] for i in ids] == ["t", "he", "Ġthe", "Ġt", "h", "in", "<|im_end|>", "Ġa"]
     assert tok.decode(ids) == "the the thin<|im_end|> a"
     assert tok.eos_id == 2 and tok.chat_template.startswith("{% for m in messages %}")
+
+
+def test_qwen2_pre_tokenizer_splits_as_qwen2(tmp_path):
+    """tokenizer.ggml.pre "qwen2": the pieces are those of Qwen2's own split (transformers' regex for it)."""
+    regex = pytest.importorskip("regex")
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    path = tmp_path / "qwen2.gguf"
+    write_gguf(path, tiny_model(arch="qwen2"), arch="qwen2", pre="qwen2")
+    tok = read_gguf(path).tokenizer
+    text = "It's 12345 o'clock,  don't   PANIC!!\n\n  x2 = 3.14 ... über"
+    pieces = [p for p, _ in tok.tok.pre_tokenizer.pre_tokenize_str(text)]
+    byte_level = {b: c for b, c in enumerate(TOKENS[3:259])}  # (GPT-2's stand-ins for bytes)
+    want = ["".join(byte_level[b] for b in piece.encode()) for piece in regex.findall(PRETOKENIZE_REGEX, text)]
+    assert pieces == want
 
 
 # --- bad input ----------------------------------------------------------------------------------
@@ -187,5 +227,5 @@ def test_unknown_tensor_is_an_error_not_ignored(tmp_path):
     """A tensor lumen has no place for (here a bias on W_Q) must stop the load, not be dropped silently."""
     path = tmp_path / "bias.gguf"
     write_gguf(path, tiny_model(), extra={"blk.1.attn_q.bias": np.zeros(64, dtype=np.float32)})
-    with pytest.raises(GGUFError, match="blk.1.attn_q.bias has no place in lumen's Llama model"):
+    with pytest.raises(GGUFError, match="blk.1.attn_q.bias has no place in lumen's 'llama' model"):
         read_gguf(path)

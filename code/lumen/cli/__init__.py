@@ -34,6 +34,7 @@ COMMANDS = {
     "serve": "serve",
     "practice": "practice",
     "features": "features",
+    "verify": "verify",
 }
 
 

@@ -1,12 +1,16 @@
 """llama.cpp's GGUF files: hyper-parameters from the metadata, tensors dequantized to float32 by the
-`gguf` package, mapped onto lumen's Llama-family model; the tokenizer rebuilt as a `tokenizers` BPE.
+`gguf` package (every type it can dequantize: F16, BF16, Q4_0..Q8_0, the K-quants Q2_K..Q6_K that Q4_K_M and
+friends are made of, the IQ types), mapped onto lumen's model by the architecture's table (gguf_arch.py: Llama,
+Qwen2, Gemma, ...); the tokenizer rebuilt as a `tokenizers` BPE.
 
     >>> weights = read_gguf(fetch("smollm2"))             # doctest: +SKIP
     >>> model = GPT.from_state(weights.cfg, weights.state)  # what lumen.formats.load does  # doctest: +SKIP
 
-Two things in a GGUF differ from the checkpoint it was converted from:
-- llama.cpp rotates (x[2i], x[2i+1]) pairs with RoPE, Hugging Face (and lumen) rotate (x[i], x[i + hd/2]);
-  so the converter permuted the rows of W_Q and W_K within each head. `unpermute` puts them back.
+What in a GGUF differs from the checkpoint it was converted from:
+- for "llama", llama.cpp rotates (x[2i], x[2i+1]) pairs with RoPE, Hugging Face (and lumen) rotate
+  (x[i], x[i + hd/2]); so the converter permuted the rows of W_Q and W_K within each head. `unpermute` puts
+  them back. (Its other architectures rotate lumen's pairs: their rows are as trained.)
+- Gemma's norm weights hold 1 + g (lumen's OffsetRMSNorm holds g);
 - tied embeddings: the file stores the embedding once and has no `output.weight`.
 """
 
@@ -25,30 +29,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, RopeScaling
 from ..errors import ConfigError, MissingFileError, ModelFileError
 from ..model import GPT
 from ..tokenizers import HFTokenizer
+from .gguf_arch import ARCHITECTURES, ROPE_FREQS, TOP, TOP_EXTRA, Architecture
 from .weights import Weights
 
 if TYPE_CHECKING:
     from gguf import GGMLQuantizationType
-
-# GGUF tensor name (inside block i) -> lumen parameter name
-_BLOCK = {
-    "attn_norm.weight": "ln1.g",
-    "attn_q.weight": "attn.q.weight",
-    "attn_k.weight": "attn.k.weight",
-    "attn_v.weight": "attn.v.weight",
-    "attn_output.weight": "attn.out.weight",
-    "ffn_norm.weight": "ln2.g",
-    "ffn_gate.weight": "mlp.w_gate.weight",
-    "ffn_up.weight": "mlp.w_up.weight",
-    "ffn_down.weight": "mlp.w_down.weight",
-}
-_TOP = {"token_embd.weight": "tok_emb.weight", "output_norm.weight": "ln_f.g", "output.weight": "lm_head.weight"}
-
-ARCHITECTURES = ("llama",)  # GGUF architectures lumen's model can hold exactly
 
 # llama.cpp's pre-tokenizer names -> how text is split before BPE (tokenizer.ggml.pre)
 _GPT2_SPLIT = ("gpt2", "default", "mpt", "olmo", "jais")
@@ -58,7 +47,10 @@ _LLAMA3_REGEX = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _LLAMA3_SPLIT = ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3")
-PRE_TOKENIZERS = _GPT2_SPLIT + _DIGITS_THEN_GPT2 + _LLAMA3_SPLIT
+# Qwen2's split: Llama 3's with every digit its own piece
+_QWEN2_REGEX = _LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+_QWEN2_SPLIT = ("qwen2", "deepseek-r1-qwen")
+PRE_TOKENIZERS = _GPT2_SPLIT + _DIGITS_THEN_GPT2 + _LLAMA3_SPLIT + _QWEN2_SPLIT
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types for special and added tokens
 
@@ -88,6 +80,7 @@ class GGUFFile:
     meta: dict[str, Any]
     tensors: list[GGUFTensor]
     mapped: mmap.mmap
+    arch: str = ""  # general.architecture, once read_header has checked it
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
@@ -272,15 +265,22 @@ def _first_line(e: Exception) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # the model
-def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf") -> ModelConfig:
-    """A ModelConfig from llama.cpp's `{arch}.*` metadata keys (each checked for its type: a damaged value is a
-    GGUFError naming the key)."""
+def architecture(meta: dict) -> tuple[str, Architecture]:
+    """The file's `general.architecture` and its table; one lumen cannot hold is refused by name."""
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise GGUFError(
             f"GGUF architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)}); "
-            "use a Llama-family model"
+            "load the Hugging Face model (directory or hf:ORG/NAME) instead, or a file of a supported architecture"
         )
+    return arch, ARCHITECTURES[arch]
+
+
+def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf",
+                     shapes: dict[str, tuple[int, ...]] | None = None) -> ModelConfig:
+    """A ModelConfig from llama.cpp's `{arch}.*` metadata keys (each checked for its type: a damaged value is a
+    GGUFError naming the key) and the architecture's fixed choices (gguf_arch.ARCHITECTURES)."""
+    arch, table = architecture(meta)
 
     def key(k: str, default=None, kind: type = int):
         v = meta.get(f"{arch}.{k}", default)
@@ -291,29 +291,102 @@ def config_from_gguf(meta: dict, tensor_names: set[str], name: str = "gguf") -> 
         return v
 
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", ""):
-        raise GGUFError(f"RoPE scaling {scaling!r} is not supported (only plain RoPE)")
+    if scaling not in ("none", "", "linear"):
+        raise GGUFError(f"RoPE scaling {scaling!r} ({arch}.rope.scaling.type) is not supported (plain RoPE, "
+                        "linear scaling and Llama 3's rope_freqs are); use a file without it")
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = meta.get(f"{arch}.vocab_size") or (len(tokens) if isinstance(tokens, list) else 0)
     if not vocab:
         raise GGUFError("GGUF metadata gives no vocabulary size (no vocab_size, no tokenizer tokens)")
-    n_heads = key("attention.head_count")
+    n_heads, d_model = key("attention.head_count"), key("embedding_length")
+    d_head = key("attention.key_length", 0)
+    if key("attention.value_length", d_head) != d_head:
+        raise GGUFError(f"{arch}.attention.value_length differs from key_length ({d_head}); lumen's heads have "
+                        "one width")
+    d_ff = key("feed_forward_length")
+    up = (shapes or {}).get(f"blk.0.{table.d_ff_tensor}") if table.d_ff_tensor else None
+    if up is not None and len(up) == 2:  # (the converter writes 4 d_model as Phi-2's feed_forward_length)
+        d_ff = up[1]
     try:
-        cfg = ModelConfig(
-            name=name, vocab_size=vocab, context=key("context_length"), d_model=key("embedding_length"),
-            n_layers=key("block_count"), n_heads=n_heads, n_kv_heads=key("attention.head_count_kv", n_heads),
-            d_ff=key("feed_forward_length"), mlp="swiglu", activation="silu", norm="rmsnorm",
-            norm_eps=key("attention.layer_norm_rms_epsilon", kind=float), positions="rope",
-            rope_theta=key("rope.freq_base", 10000.0, kind=float), bias=False,
+        extra: dict[str, Any] = {}
+        for f, k in table.meta_fields.items():  # e.g. Gemma 2's soft-caps, a window; 0 means none (Phi-3)
+            if f"{arch}.{k}" in meta:
+                extra[f] = key(k, kind=float if f.endswith("softcap") else int) or None
+        if scaling == "linear":
+            extra["rope_scaling"] = RopeScaling("linear", key("rope.scaling.factor", kind=float))
+        n_layers = key("block_count")
+        if (arch, n_layers) in (("gemma2", 46), ("gemma3", 62)):  # llama.cpp's rule for Gemma 2 and 3 27B:
+            extra["query_pre_attn_scalar"] = d_model / n_heads  # queries scaled by 1/sqrt(d / n_heads)
+        cfg = ModelConfig(**dict(
+            name=name, vocab_size=vocab, context=key("context_length"), d_model=d_model,
+            n_layers=n_layers, n_heads=n_heads, n_kv_heads=key("attention.head_count_kv", n_heads),
+            d_ff=d_ff, norm_eps=key(table.norm_eps_key, kind=float),
+            rope_theta=key("rope.freq_base", 10000.0, kind=float),
+            d_head=d_head if d_head and d_head * n_heads != d_model else None,
             tie_embeddings="output.weight" not in tensor_names,
-        )
+        ) | table.fields | extra)  # (the metadata's own fields last: Qwen3-MoE's expert width is its d_ff)
+        rot = key("rope.dimension_count", cfg.head_dim)
+        if rot != cfg.head_dim:
+            if table.permuted_qk:  # (the converter's permutation is over whole heads)
+                raise GGUFError(f"{arch}.rope.dimension_count is {rot}, not the head width {cfg.head_dim}; "
+                                "partial rotary is not supported for this architecture")
+            cfg = cfg.replace(rotary_fraction=rot / cfg.head_dim)
     except ConfigError as e:
         raise GGUFError(f"the metadata describes no valid model: {e}") from None
-    rot = key("rope.dimension_count", cfg.head_dim)
-    if rot != cfg.head_dim or key("attention.key_length", cfg.head_dim) != cfg.head_dim:
-        raise GGUFError(f"partial rotary or unusual head sizes (rope dims {rot}, head_dim {cfg.head_dim}) "
-                        "are not supported")
     return cfg
+
+
+def rope_from_freqs(file: GGUFFile, cfg: ModelConfig) -> ModelConfig:
+    """Llama 3.1+'s `rope_freqs.weight` (each RoPE frequency's divisor) as the config's "llama3" RopeScaling.
+
+    The file keeps the divisors, not the four numbers they came from: the largest divisor is `factor`, and the
+    divisors strictly between 1 and factor follow a blend linear in 1 / wavelength, whose slope and intercept
+    give high_freq_factor and the original context once low_freq_factor is taken as Llama 3's 1. With fewer than
+    two blended divisors the numbers are not determined, and any that reproduce the divisors will do: Llama
+    3's (high 4), then others are tried. Each candidate's frequencies are compared with the file's; a file none
+    reproduces is refused, naming the tensor."""
+    from ..attention import rope_frequencies
+
+    t = next((t for t in file.tensors if t.name == ROPE_FREQS), None)
+    if t is None:
+        return cfg
+    divisors = dequantize(t).reshape(-1).astype(np.float64)
+    pairs = cfg.rotary_dims // 2
+    if divisors.shape[0] != pairs or not np.all(np.isfinite(divisors)) or divisors.min() <= 0:
+        raise GGUFError(f"tensor {ROPE_FREQS} has {divisors.shape[0]} divisors (want {pairs}, finite, positive); "
+                        "the file is damaged")
+    if np.allclose(divisors, 1.0, rtol=0, atol=1e-6):
+        return cfg
+    inv_freq = cfg.rope_theta ** (-np.arange(0, cfg.rotary_dims, 2) / cfg.rotary_dims)
+    wavelength = 2 * math.pi / inv_freq
+    factor = float(divisors.max())
+    blended = (divisors > 1 + 1e-4) & (divisors < factor * (1 - 1e-4))
+    s = (1 / divisors - 1 / factor) / (1 - 1 / factor)  # the blend: (original / wavelength - low) / (high - low)
+    low, candidates = 1.0, []
+    if blended.sum() >= 2:
+        slope, at_zero = np.polyfit(1 / wavelength[blended], s[blended], 1)
+        high = low - low / at_zero if at_zero < 0 else 4.0
+        candidates.append((high, slope * (high - low)))
+    for high in (4.0, 2.0, 8.0, 16.0):
+        if blended.sum() == 1:
+            candidates.append((high, float(wavelength[blended][0] * (s[blended][0] * (high - low) + low))))
+        elif not blended.any():  # a context between the fast wavelengths and the slow ones
+            slow = wavelength[divisors >= factor * (1 - 1e-4)]
+            candidates.append((high, float(slow.min()) * low))
+    scaling = None
+    for high, original in candidates:
+        try:
+            trial = RopeScaling("llama3", factor, low, high, max(1, int(round(original))))
+        except ConfigError:
+            continue
+        ours = rope_frequencies(cfg.rotary_dims, cfg.rope_theta, trial).double().numpy()
+        if np.allclose(ours, inv_freq / divisors, rtol=1e-5, atol=0):
+            scaling = trial
+            break
+    if scaling is None:
+        raise GGUFError(f"tensor {ROPE_FREQS} rescales RoPE's frequencies in a way Llama 3's scaling does not "
+                        f"reproduce (divisors {divisors.min():.3g}..{divisors.max():.3g}); lumen cannot hold it")
+    return cfg.replace(rope_scaling=scaling)
 
 
 def dequantize(t) -> np.ndarray:
@@ -361,8 +434,10 @@ def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, out // n_heads // 2, 2, d_in).transpose(1, 2).reshape(out, d_in)
 
 
-def _permuted_heads(name: str, cfg: ModelConfig) -> int | None:
-    """How many heads llama.cpp's converter interleaved this tensor's rows by (W_Q, W_K), else None."""
+def _permuted_heads(name: str, cfg: ModelConfig, table: Architecture) -> int | None:
+    """How many heads llama.cpp's converter interleaved this tensor's rows by (W_Q, W_K of "llama"), else None."""
+    if not table.permuted_qk:
+        return None
     if name.endswith("attn.q.weight"):
         return cfg.n_heads
     if name.endswith("attn.k.weight"):
@@ -370,36 +445,64 @@ def _permuted_heads(name: str, cfg: ModelConfig) -> int | None:
     return None
 
 
-def check_tensors(file: GGUFFile, cfg: ModelConfig) -> None:
+def check_tensors(file: GGUFFile, cfg: ModelConfig, table: Architecture) -> dict[str, tuple[str, ...]]:
     """The tensors are the ones `cfg` needs: known names, one set per block, shapes as the config says,
-    float or quantized types (not integers)."""
+    float or quantized types (not integers). Returns each tensor's lumen parameters (several for a fused one,
+    in row order), config-only tensors (rope_freqs) left out."""
     from gguf import GGMLQuantizationType as T
 
-    names = {}
+    placed: dict[str, tuple[str, ...]] = {}
     for t in file.tensors:
-        name = _lumen_name(t.name)
-        if name is None:  # e.g. biases, rope_freqs (Llama 3.1 RoPE scaling): a variant lumen cannot hold
-            raise GGUFError(f"tensor {t.name} has no place in lumen's Llama model; this variant is not supported")
-        names[name] = t
+        if t.name in table.optional:  # read into the config (rope_freqs), not a parameter
+            continue
+        parts = _lumen_names(t.name, table, cfg.n_experts or 0)
+        if parts is None:  # e.g. biases where the architecture has none: a variant lumen cannot hold
+            raise GGUFError(f"tensor {t.name} has no place in lumen's {file.arch!r} model; this variant is not "
+                            "supported")
+        placed[t.name] = parts
+    names = {n for parts in placed.values() for n in parts}
     blocks = {n.split(".")[1] for n in names if n.startswith("blocks.")}
     if blocks != {str(i) for i in range(cfg.n_layers)}:
         raise GGUFError(f"the metadata says {cfg.n_layers} blocks but the tensors belong to blocks "
                         f"{sorted(blocks, key=int)[:8]}; the file is damaged or mislabelled")
     want = GPT.template(cfg).state_dict()
-    for name, t in names.items():
+    missing = sorted(set(want) - names - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
+    if missing:
+        raise GGUFError(f"the file has no tensor for {missing[0]} ({len(missing)} missing); it is incomplete or "
+                        "not what its architecture says")
+    unknown = sorted(names - set(want))
+    if unknown:
+        raise GGUFError(f"the file holds {unknown[0]}, which the metadata's model has no place for; the file is "
+                        "damaged or mislabelled")
+    for t in file.tensors:
+        if t.name not in placed:
+            continue
+        parts = placed[t.name]
         shape = tuple(int(n) for n in reversed(t.shape))
-        if shape != tuple(want[name].shape):
-            raise GGUFError(f"tensor {t.name} has shape {shape} but the metadata needs {tuple(want[name].shape)}")
+        if len(parts) > 1:  # fused or stacked: compared as one matrix of all the parts' rows
+            shape = (math.prod(shape[:-1]), shape[-1])
+        need = (sum(int(want[p].shape[0]) for p in parts), *want[parts[0]].shape[1:])
+        if shape != need:
+            raise GGUFError(f"tensor {t.name} has shape {shape} but the metadata needs {need}")
         if t.tensor_type in (T.I8, T.I16, T.I32, T.I64):
             raise GGUFError(f"tensor {t.name} holds integers ({t.tensor_type.name}); weights must be floating point")
+    return placed
 
 
-def _lumen_name(gguf_name: str) -> str | None:
-    if gguf_name in _TOP:
-        return _TOP[gguf_name]
+def _lumen_names(gguf_name: str, table: Architecture, n_experts: int = 0) -> tuple[str, ...] | None:
+    """The lumen parameter(s) a GGUF tensor holds: one, or the parts of a fused tensor in row order (a
+    mixture's stacked tensor: each expert's)."""
+    if gguf_name in TOP or gguf_name in TOP_EXTRA:
+        return ((TOP | TOP_EXTRA)[gguf_name],)
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _BLOCK:
-        return f"blocks.{parts[1]}.{_BLOCK[parts[2]]}"
+    if len(parts) != 3 or parts[0] != "blk":
+        return None
+    if parts[2] in table.experts and n_experts:
+        return tuple(f"blocks.{parts[1]}.mlp.experts.{e}.{table.experts[parts[2]]}" for e in range(n_experts))
+    if parts[2] in table.fused:
+        return tuple(f"blocks.{parts[1]}.{n}" for n in table.fused[parts[2]])
+    if parts[2] in table.block:
+        return (f"blocks.{parts[1]}.{table.block[parts[2]]}",)
     return None
 
 
@@ -434,6 +537,11 @@ def tokenizer_from_gguf(meta: dict) -> HFTokenizer:
     elif pre in _LLAMA3_SPLIT:
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(_LLAMA3_REGEX), behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+    elif pre in _QWEN2_SPLIT:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(_QWEN2_REGEX), behavior="isolated"),
              pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
     else:
@@ -472,15 +580,27 @@ def read_gguf(path: str | Path, blocks: bool = False) -> Weights:
     Weights.blocks: lumen.fast decodes from them) and dequantizes only the rest (the norms)."""
     with naming(path):
         file, cfg, tok = read_header(path)
-        check_tensors(file, cfg)  # names, block count, shapes and types: before anything is dequantized
+        table = ARCHITECTURES[file.arch]
+        placed = check_tensors(file, cfg, table)  # names, block count, shapes, types: before any dequantizing
+        want = GPT.template(cfg).state_dict()
         out = Weights(cfg, {}, Path(path).name, tok)
         for t in file.tensors:
-            name = _lumen_name(t.name)
-            assert name is not None  # check_tensors has placed every tensor
-            heads = _permuted_heads(name, cfg)
+            if t.name not in placed:
+                continue
+            parts = placed[t.name]
+            if len(parts) > 1:  # fused (Phi-3's attn_qkv, gate+up) or stacked (experts): split by rows
+                rows = [int(want[p].shape[0]) for p in parts]
+                whole = torch.from_numpy(dequantize(t))
+                out.state |= dict(zip(parts, whole.reshape(-1, whole.shape[-1]).split(rows)))
+                release(file)
+                continue
+            name = parts[0]
+            heads = _permuted_heads(name, cfg, table)
             kept = stored_blocks(t) if blocks and name.endswith(".weight") else None
             if kept is None:
                 w = torch.from_numpy(dequantize(t))
+                if table.norm_plus_one and t.name.endswith("norm.weight"):
+                    w = w - 1  # the converter stored Gemma's gain 1 + g; lumen's OffsetRMSNorm holds g
                 out.state[name] = unpermute(w, heads) if heads else w
                 release(file)
                 continue
@@ -522,7 +642,10 @@ def read_header(path: str | Path) -> tuple[GGUFFile, ModelConfig, HFTokenizer]:
     meta = file.meta
     names = {t.name for t in file.tensors}
     title = meta.get("general.name")
-    cfg = config_from_gguf(meta, names, name=title if isinstance(title, str) and title else Path(path).stem)
+    cfg = config_from_gguf(meta, names, name=title if isinstance(title, str) and title else Path(path).stem,
+                           shapes={t.name: t.shape for t in file.tensors})
+    file.arch = meta["general.architecture"]
+    cfg = rope_from_freqs(file, cfg)
     tok = tokenizer_from_gguf(meta)
     tok.check_fits(cfg.vocab_size, "the tokenizer metadata")
     file.meta = {}

@@ -1,0 +1,178 @@
+"""A receipt a user can run on their own model: lumen's forward pass against Hugging Face transformers' on the
+same weights and the same tokens (`lumen verify`): `verify("path/to/hf-dir", {"built-in": FIXED_TEXT})` is a
+Receipt, whose `passed` says whether every comparison is within its noise floor.
+
+For each text: the largest |difference| between the two models' logits, that divided by the largest |logit| of
+transformers' (the relative error, the figure the noise floors are stated in), the mean KL divergence of lumen's
+next-token distribution from transformers', the share of positions whose top-1 token agrees, and each model's
+greedy continuation (every step from its own previous choices, so one divergence shows as two different tails).
+The noise floors are float32's rounding after a forward pass (5e-5 relative) and bfloat16's (1e-2); in float32
+the greedy tokens must agree too. For a GGUF file the reference is transformers' own reading of the file
+(`gguf_file=`): the dequantized weights are the same, so the two agree to float32 rounding as well.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import UserError
+
+# the relative error within which two forward passes of the same weights agree, by the weights' precision
+THRESHOLDS = {"float32": 5e-5, "bfloat16": 1e-2}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# the built-in text: prose, code, digits and punctuation, so that most of a tokenizer's paths are taken
+FIXED_TEXT = (
+    "The transformer reads a sequence of tokens and, layer after layer, adds to a residual stream what each "
+    "attention head and each MLP has found. In 1998, 2024 and 3.14159: numbers too. def add(a, b):\n"
+    "    return a + b  # code\n"
+    "Questions? Answers! \"Quotes\", (brackets) and a list: one, two, three."
+)
+INSTALL = "pip install 'lumen-lm[verify]'"
+
+
+@dataclass
+class Comparison:
+    """lumen against transformers on one text."""
+
+    text: str  # which text ("fixed" or the user's file)
+    tokens: int  # how many tokens both models read: the text's first ones, up to the context less the steps
+    max_abs: float  # max |logit difference| over every position and vocabulary entry
+    relative: float  # max_abs / max |transformers' logit|
+    kl: float  # mean over positions of KL(transformers || lumen) of the next-token distributions, in nats
+    top1: float  # the share of positions whose most likely next token is the same
+    greedy_lumen: list[int] = field(default_factory=list)
+    greedy_reference: list[int] = field(default_factory=list)
+    threshold: float = THRESHOLDS["float32"]
+    greedy_must_agree: bool = True
+    text_tokens: int = 0  # how many tokens the whole text is
+    continuation: str = ""  # lumen's greedy tokens as text
+
+    @property
+    def passed(self) -> bool:
+        same = self.greedy_lumen == self.greedy_reference or not self.greedy_must_agree
+        return self.relative <= self.threshold and same and math.isfinite(self.relative)
+
+
+@dataclass
+class Receipt:
+    """Every comparison of one model, and what was compared with what."""
+
+    spec: str
+    reference: str  # what transformers read: a directory, or a GGUF file through gguf_file=
+    dtype: str
+    comparisons: list[Comparison]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.comparisons)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spec": self.spec, "reference": self.reference, "dtype": self.dtype, "passed": self.passed,
+                "comparisons": [asdict(c) | {"passed": c.passed} for c in self.comparisons]}
+
+
+def compare(ours: torch.Tensor, reference: torch.Tensor) -> tuple[float, float, float, float]:
+    """(max |Δlogit|, relative error, mean KL(reference || ours), top-1 agreement) of two (T, V) logit tensors,
+    computed in float64."""
+    ours, reference = ours.double(), reference.double()
+    max_abs = float((ours - reference).abs().max())
+    relative = max_abs / max(float(reference.abs().max()), 1e-30)
+    log_p, log_q = reference.log_softmax(-1), ours.log_softmax(-1)
+    kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    top1 = float((ours.argmax(-1) == reference.argmax(-1)).double().mean())
+    return max_abs, relative, kl, top1
+
+
+def greedy(forward, ids: list[int], steps: int) -> list[int]:
+    """`steps` tokens, each the argmax of `forward` (token ids (1, T) -> logits (T, V)) after the ones before."""
+    out = list(ids)
+    for _ in range(steps):
+        out.append(int(forward(torch.tensor([out]))[-1].argmax()))
+    return out[len(ids):]
+
+
+def reference_model(kind: str, path: Path, dtype: torch.dtype):
+    """transformers' model of the same files: from_pretrained on the directory, or on the GGUF file."""
+    try:
+        import transformers
+    except ImportError:
+        raise UserError(f"lumen verify compares against Hugging Face transformers, which is not installed: "
+                        f"{INSTALL}") from None
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    auto = transformers.AutoModelForCausalLM
+    if kind == "hf":
+        try:
+            return auto.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+        except Exception as e:  # lumen read the directory; transformers' own reading of it failed
+            raise UserError(f"{path}: transformers {transformers.__version__} cannot load this directory "
+                            f"({type(e).__name__}: {_first_line(e)}), so there is no reference to verify "
+                            "against") from None
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = gguf_utils.tqdm  # its GGUF reading draws a progress bar no setting turns off: off while it runs
+    gguf_utils.tqdm = lambda items, **_: items
+    try:
+        return auto.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                    attn_implementation="eager").eval()
+    except Exception as e:  # the reference cannot be had: an architecture or a detail its GGUF reading lacks
+        what = "architecture" if "not supported" in str(e) else "file"
+        raise UserError(f"{path.name}: transformers {transformers.__version__} cannot read this GGUF {what} "
+                        f"({type(e).__name__}: {_first_line(e)}), so there is no reference to verify against; "
+                        "verify the Hugging Face model it was converted from instead") from None
+    finally:
+        gguf_utils.tqdm = bar
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
+
+
+def verify(spec: str, texts: dict[str, str], dtype: str = "float32", steps: int = 32) -> Receipt:
+    """lumen's model of `spec` against transformers' on each text (name -> text): a Receipt."""
+    from . import load, resolve
+
+    if dtype not in DTYPES:
+        raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    kind, path = resolve(spec)
+    if kind not in ("hf", "gguf"):
+        raise UserError(f"{spec} is a lumen run: transformers has no reading of it to verify against; "
+                        "give a Hugging Face directory, hf:ORG/NAME or a .gguf file")
+    loaded = load(str(path), dtype=DTYPES[dtype])
+    if loaded.tokenizer is None:
+        raise UserError(f"{spec} has no tokenizer (tokenizer.json) to turn the texts into tokens; save the "
+                        "model's tokenizer beside it")
+    model, tokenizer = loaded.model, loaded.tokenizer
+
+    def lumen_logits(ids: torch.Tensor) -> torch.Tensor:
+        return model(ids)[0][0].float()
+
+    def reference_logits(ids: torch.Tensor) -> torch.Tensor:
+        return reference(ids).logits[0].float()
+
+    if not 0 <= steps < model.cfg.context:
+        raise UserError(f"steps must be between 0 and {model.cfg.context - 1} (the model's context less one), "
+                        f"got {steps}")
+    reference = reference_model(kind, path, DTYPES[dtype])  # (after every check of the input: it is slower)
+    out = []
+    longest = model.cfg.context - steps
+    with torch.no_grad():
+        for name, text in texts.items():
+            whole = tokenizer.encode(text)
+            ids = whole[:longest]
+            if not ids:
+                raise UserError(f"the {name} text holds no tokens")
+            batch = torch.tensor([ids])
+            figures = compare(lumen_logits(batch), reference_logits(batch))
+            out.append(Comparison(
+                name, len(ids), *figures, greedy(lumen_logits, ids, steps), greedy(reference_logits, ids, steps),
+                THRESHOLDS[dtype], greedy_must_agree=dtype == "float32", text_tokens=len(whole),
+            ))
+            out[-1].continuation = tokenizer.decode(out[-1].greedy_lumen)
+    what = f"{path} (gguf_file=)" if kind == "gguf" else str(path)
+    return Receipt(spec, what, dtype, out)

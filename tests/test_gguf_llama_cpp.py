@@ -1,0 +1,161 @@
+"""GGUF files written by llama.cpp's own converter (convert_hf_to_gguf.py, from the llama-cpp-python sdist on
+PyPI: tests/helpers/llama_cpp.py) from tiny random-weight Hugging Face models: lumen's reading of the file gives
+transformers' logits on the original weights. Slow tier: each conversion starts the converter (~5 s)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GemmaConfig,
+    GemmaForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    PhiConfig,
+    PhiForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
+)
+
+from helpers.llama_cpp import convert, save_tokenizer
+from lumen.formats import load
+from lumen.formats.gguf import GGUFError, read_gguf
+
+pytestmark = pytest.mark.slow
+
+V = 300  # at least the helper tokenizer's 264 tokens (helpers.gguf.TOKENS)
+SHAPE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+MODELS = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, rope_theta=50000.0)),
+    "llama-tied-mha": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE | dict(num_key_value_heads=4),
+                                                           tie_word_embeddings=True)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE, rope_theta=1e6)),
+    "qwen2-tied": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=True)),
+    "gemma-wide-heads": lambda: GemmaForCausalLM(GemmaConfig(**SHAPE | dict(num_key_value_heads=1), head_dim=32)),
+    # the families of issue 35
+    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=32)),
+    "olmo2": lambda: Olmo2ForCausalLM(Olmo2Config(**SHAPE, pad_token_id=0)),
+    "phi3": lambda: Phi3ForCausalLM(Phi3Config(**SHAPE, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "phi2": lambda: PhiForCausalLM(PhiConfig(**SHAPE | dict(num_key_value_heads=4), partial_rotary_factor=0.5)),
+    "gemma2": lambda: Gemma2ForCausalLM(Gemma2Config(  # llama.cpp scales queries by 1/sqrt(head_dim)
+        **SHAPE, head_dim=16, query_pre_attn_scalar=16, sliding_window=5)),
+    "smollm3": lambda: SmolLM3ForCausalLM(SmolLM3Config(**SHAPE, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(  # 7 blocks: the five-windowed-to-one-full rhythm, and more
+        **SHAPE | dict(num_hidden_layers=7), head_dim=16, query_pre_attn_scalar=16, sliding_window=5)),
+    "mixtral": lambda: MixtralForCausalLM(MixtralConfig(  # written as "llama" with stacked experts
+        **SHAPE | dict(intermediate_size=32), num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        **SHAPE, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
+}
+IDS = torch.tensor([[5, 70, 3, 200, 17, 17, 99, 250, 1, 42, 8, 130, 263, 7]])
+# the noise floors: float32 files must agree to float32 rounding; a float16 file's weights are rounded to 11 bits,
+# a q8_0 file's to 8 bits per block of 32 (measured on these models: ~1e-3 and ~1e-2 relative)
+TOLERANCE = {"f32": 5e-5, "f16": 5e-3, "q8_0": 5e-2}
+
+
+def relative(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((ours - ref).abs().max() / ref.abs().max())
+
+
+def hf_dir(tmp_path, kind: str):
+    torch.manual_seed(hash(kind) % 1000)
+    model = MODELS[kind]().eval()
+    with torch.no_grad():  # norms away from their initial values, so a dropped or unfolded gain would show
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(-0.5, 0.5) if "Gemma" in type(model).__name__ else p.uniform_(0.5, 1.5)
+    model.save_pretrained(tmp_path / kind)
+    save_tokenizer(tmp_path / kind, V)
+    return model, tmp_path / kind
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_converted_file_gives_transformers_logits(tmp_path, kind):
+    model, directory = hf_dir(tmp_path, kind)
+    path = convert(directory, tmp_path / f"{kind}.gguf")
+    loaded = load(str(path)).model
+    with torch.no_grad():
+        ref = model(IDS).logits
+        ours, _ = loaded(IDS)
+    assert relative(ours, ref) < TOLERANCE["f32"], relative(ours, ref)
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.parametrize("outtype", ["f16", "q8_0"])
+def test_converted_quantized_file_within_its_rounding(tmp_path, outtype):
+    model, directory = hf_dir(tmp_path, "qwen2")
+    path = convert(directory, tmp_path / f"qwen2-{outtype}.gguf", outtype)
+    loaded = load(str(path)).model
+    with torch.no_grad():
+        err = relative(loaded(IDS)[0], model(IDS).logits)
+    assert 0 < err < TOLERANCE[outtype], err  # (0: the file really is rounded)
+
+
+def test_mistral_converts_to_llama_and_loads(tmp_path):
+    """llama.cpp writes a Mistral as architecture "llama" (its W_Q/W_K permuted): lumen reads it exactly."""
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(**SHAPE))
+    model.save_pretrained(tmp_path / "mistral")
+    path = convert(tmp_path / "mistral", tmp_path / "mistral.gguf")
+    with torch.no_grad():
+        assert relative(load(str(path)).model(IDS)[0], model(IDS).logits) < TOLERANCE["f32"]
+
+
+# (factor, low_freq_factor, high_freq_factor, original context, RoPE base): 2, 1, 1 (high 2) and 0 blended frequencies
+LLAMA3 = [(8.0, 1.0, 4.0, 64, 10000.0), (32.0, 1.0, 4.0, 16, 50000.0), (8.0, 1.0, 2.0, 48, 500.0),
+          (8.0, 1.0, 4.0, 5, 10000.0)]
+
+
+@pytest.mark.parametrize("factor, low, high, original, theta", LLAMA3)
+def test_llama3_rope_freqs_become_lumens_llama3_scaling(tmp_path, factor, low, high, original, theta):
+    """Llama 3.1+'s rescaled RoPE reaches the file as the tensor rope_freqs.weight (each frequency's divisor):
+    lumen's model of the file gives transformers' logits on the original, scaled, model, at positions past
+    the original context."""
+    torch.manual_seed(0)
+    rope = {"rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": low,
+            "high_freq_factor": high, "original_max_position_embeddings": original}
+    model = LlamaForCausalLM(LlamaConfig(**SHAPE | dict(max_position_embeddings=256), rope_parameters=rope)).eval()
+    model.save_pretrained(tmp_path / "llama3")
+    path = convert(tmp_path / "llama3", tmp_path / "llama3.gguf")
+    w = read_gguf(path)
+    assert w.cfg.rope_scaling is not None and w.cfg.rope_scaling.factor == factor
+    ids = torch.randint(0, V, (1, 200), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert relative(load(str(path)).model(ids)[0], model(ids).logits) < TOLERANCE["f32"]
+
+
+def test_rope_freqs_no_llama3_scaling_reproduces_are_refused(tmp_path):
+    """Divisors that no Llama 3 scaling produces (here: decreasing) are refused naming the tensor."""
+    torch.manual_seed(0)
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    LlamaForCausalLM(LlamaConfig(**SHAPE, rope_parameters=rope)).save_pretrained(tmp_path / "llama3")
+    path = convert(tmp_path / "llama3", tmp_path / "llama3.gguf")
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path, "r+")  # the divisors reversed, in place
+    freqs = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+    freqs.data[:] = freqs.data[::-1].copy()
+    reader.data.flush()
+    del reader
+    with pytest.raises(GGUFError, match="rope_freqs.weight"):
+        read_gguf(path)
