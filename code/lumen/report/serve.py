@@ -56,7 +56,7 @@ class ExploreServer(ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = False  # (closing does not wait for clients still trickling: their threads are daemons)
-    request_queue_size = 64  # connections the kernel holds until accepted (5 by default: a burst's next SYNs were
+    request_queue_size = 256  # connections the kernel holds until accepted (5 by default: a burst's next SYNs were
     # dropped and retried a second later, instead of being answered at once)
 
     def __init__(self, model: GPT, tokenizer, port: int = 0, tuned=None, prompt: str = "", quiet: bool = True,
