@@ -425,6 +425,12 @@ def argument_cases(n_random: int) -> list[Case]:
     # commands whose valid runs do not end (serve) or need the network (fetch): only refusals
     for port in ("-1", "65536", "99999999999", "x"):
         cases.append(Case("args-serve", f"--port={port}", ["serve", "{run}", "--port", port], wrong=True))
+    for seconds in ("0", "-1", "nan", "inf", "1e309", "x", "99999"):
+        cases.append(Case("args-serve", f"--head-timeout={seconds}", ["serve", "{run}", "--head-timeout", seconds],
+                          wrong=True))
+    for prompt in ("", "a" * 5000):  # (no tokens; more than the page shows)
+        cases.append(Case("args-serve", f"--prompt={prompt[:8]!r}", ["serve", "{run}", "--prompt", prompt], wrong=True,
+                          names="--prompt"))
     for argv in (["fetch", "nope"], ["fetch", ""], ["experiment", "nope"], ["experiment", "accounting", "--threads",
                                                                           "-1"]):
         cases.append(Case("args-other", " ".join(argv), argv, wrong=True))
