@@ -5,22 +5,26 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGUFValueType as V
+from gguf import GGUFWriter
 from safetensors.torch import load_file, save_file
 
-from helpers.damaged import gguf_layout, templates, tiny_gpt2, tiny_llama, write_gguf
-from helpers.gguf import MERGES, TOKENS
+from helpers.damaged import gguf_layout, gguf_meta, templates, tiny_gpt2, tiny_llama, write_gguf
+from helpers.gguf import MERGES, TOKENS, gguf_tensors
+from lumen.cli import main
 from lumen.config import ModelConfig
 from lumen.errors import ConfigError, LumenError, ModelFileError
 from lumen.formats import load
 from lumen.formats.checkpoint import save_checkpoint
-from lumen.formats.gguf import GGUFError, read_gguf
+from lumen.formats.gguf import GGUFError, check_layout, read_gguf
 from lumen.formats.hf import save_hf_dir
 from lumen.inspect.tuned_lens import TunedLens
+from lumen.model import GPT
 from lumen.tokenizers import Tokenizer
 
 A = "llama."
@@ -280,3 +284,75 @@ def test_gguf_string_that_is_not_utf8_is_named_in_lumens_words(tmp_path):
     with pytest.raises(GGUFError, match=r"m.gguf.*'tokenizer.ggml.tokens' holds bytes that are not UTF-8 text") as e:
         read_gguf(path)
     assert "codec" not in str(e.value) and "\n" not in str(e.value)
+
+
+# --- GGUF files that loaded silently wrong or escaped as a traceback, through the command (issue 38) ----------
+def generate(path, capsys) -> tuple[int, list[str]]:
+    """`lumen generate PATH` for one token, in this process as the `lumen` script runs it: (exit code, stderr lines)."""
+    rc = main(["generate", str(path), "--prompt", "the", "--max-new-tokens", "1", "--greedy"])
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+def test_gguf_bpe_without_merges_is_refused_by_the_command(tmp_path, capsys):
+    """A byte-level BPE ('gpt2') tokenizer with no tokenizer.ggml.merges cannot tokenize as its model was trained
+    (every word falls apart into bytes): llama.cpp refuses such a file ("cannot find tokenizer merges"), and so
+    must lumen, in one line naming the key and the file; with its merges the same file loads."""
+    assert generate(gguf_with(tmp_path), capsys)[0] == 0
+    rc, err = generate(gguf_with(tmp_path, **{"tokenizer.ggml.merges": None}), capsys)
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("lumen generate: error: m.gguf: ") and "tokenizer.ggml.merges" in err[0], err
+
+
+def sparse_gguf(path, n_layers: int, d_ff: int) -> None:
+    """A valid Llama GGUF of n_layers blocks whose MLPs are d_ff wide, its tensors all zeros and left as a hole
+    in the file (a sparse file: its size on disk is its header's)."""
+    cfg = tiny_llama().cfg.replace(n_layers=n_layers, d_ff=d_ff)
+    w = GGUFWriter(str(path), "llama")
+    for key, (value, kind) in gguf_meta(cfg).items():
+        w.add_key_value(key, value, kind)
+    shapes = {name: tuple(t.shape) for name, t in gguf_tensors(GPT(cfg.replace(d_ff=1))).items()}
+    for name, shape in shapes.items():
+        if name.startswith("blk.") and ".ffn_" in name and "norm" not in name:
+            shape = (d_ff, shape[1]) if shape[0] == 1 else (shape[0], d_ff)
+        w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * math.prod(shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    pad = GGUFWriter.ggml_pad
+    data = sum(pad(ti.nbytes, w.data_alignment) for ti in w.tensors[0].values())
+    size = pad(path.stat().st_size, w.data_alignment) + data
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+def test_gguf_larger_than_the_memory_cap_is_refused_by_the_command(tmp_path, capsys):
+    """A valid GGUF of 768 MiB loaded by `lumen generate` in a forked child whose address space may grow by
+    256 MiB (ulimit -v): one line naming the file and the memory, exit 2 (it was an mmap traceback)."""
+    import resource
+
+    path = tmp_path / "big.gguf"
+    sparse_gguf(path, n_layers=8, d_ff=2**18)
+    check_layout(path)  # (the file is a valid GGUF: only its size is at fault)
+    assert path.stat().st_size > 3 * 2**28  # (three times the cap)
+    assert generate(templates().root / "base.gguf", capsys)[0] == 0  # (the command's imports, before the cap)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: capped, runs the command, reports
+        try:
+            with open("/proc/self/statm") as f:
+                now = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            resource.setrlimit(resource.RLIMIT_AS, (now + 2**28, resource.RLIM_INFINITY))
+            result = json.dumps(generate(path, capsys))
+        except BaseException as e:  # noqa: BLE001 - reported, not raised: the child must answer
+            result = json.dumps([-1, [f"{type(e).__name__}: {e}"]])
+        os.write(write, result.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        raw = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and raw, f"the child died ({status})"
+    rc, err = json.loads(raw)
+    assert rc == 2 and len(err) == 1, "\n".join(err)
+    assert err[0].startswith("lumen generate: error: big.gguf") and "memory" in err[0], err

@@ -7,7 +7,9 @@ The property, for every case: the command exits 0 having done its job, or exits 
 file when a file is at fault; never exit 1 (an internal error, a traceback), never past CASE_SECONDS of CPU (a hang),
 and never a changed or lost input file. A case that is wrong by construction (a negative count, a learning
 rate of NaN, weights that disagree with themselves) must be refused. The server answers every request with a
-status of the expected kind and keeps answering the next good request.
+status of the expected kind and keeps answering the next good request; crowds of slow and silent clients (past
+its bounds) never keep it from answering a new client within seconds, and none is held open past the time a
+request head has.
 
 The cases are built when the tests run, from small files lumen writes itself (a seeded loop; each case says
 what it changed). By default a sample of test_fuzz_files' damaged files goes through `lumen generate`, with
@@ -22,6 +24,7 @@ case that crashes the interpreter: recorded as "crashed") goes on where it stopp
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import io
 import json
@@ -29,6 +32,7 @@ import math
 import os
 import random
 import re
+import select
 import signal
 import socket
 import threading
@@ -421,6 +425,12 @@ def argument_cases(n_random: int) -> list[Case]:
     # commands whose valid runs do not end (serve) or need the network (fetch): only refusals
     for port in ("-1", "65536", "99999999999", "x"):
         cases.append(Case("args-serve", f"--port={port}", ["serve", "{run}", "--port", port], wrong=True))
+    for seconds in ("0", "-1", "nan", "inf", "1e309", "x", "99999"):
+        cases.append(Case("args-serve", f"--head-timeout={seconds}", ["serve", "{run}", "--head-timeout", seconds],
+                          wrong=True))
+    for prompt in ("", "a" * 5000):  # (no tokens; more than the page shows)
+        cases.append(Case("args-serve", f"--prompt={prompt[:8]!r}", ["serve", "{run}", "--prompt", prompt], wrong=True,
+                          names="--prompt"))
     for argv in (["fetch", "nope"], ["fetch", ""], ["experiment", "nope"], ["experiment", "accounting", "--threads",
                                                                           "-1"]):
         cases.append(Case("args-other", " ".join(argv), argv, wrong=True))
@@ -762,3 +772,137 @@ def test_hostile_requests_to_the_server(server):
             failures.append(f"{r.what}: {result}")
     assert not failures, "\n".join(failures)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# slow and silent clients of the server: a crowd of one kind (or, with LUMEN_FUZZ_EXAMPLES, a random mix)
+# connects, and while it trickles a new client must still get its page within CLIENT_SECONDS (or, when the
+# crowd sends whole requests, at least a busy answer); every client
+# of the crowd is closed by the server within the head's time (after its answer, for one that sent a whole
+# request); then the next good request gets its page.
+HEAD_SECONDS = 1.0    # the server's head deadline in this family (make_server's head_seconds)
+CLIENT_SECONDS = 5.0  # the longest a new client may wait for its page while a crowd trickles
+# each kind of client: (bytes sent on connecting, bytes then sent one at a time, or None: reset at once)
+CLIENT_KINDS: dict[str, tuple[bytes, bytes] | None] = {
+    "silent": (b"", b""),                                           # connects and sends nothing
+    "trickle-line": (b"", b"GET /?prompt=" + b"a" * 4000),           # a request line that never ends
+    "trickle-headers": (b"", b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Slow: a\r\n" * 400),
+    "half-head": (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n", b""),    # half a head, then nothing
+    "trickle-body": (b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 9000\r\n\r\n", b"a" * 9000),
+    "never-reads": (good("prompt=the+cat"), b""),                   # a whole request, its answer never read
+    "reset": None,                                                   # connects and resets the connection
+}
+
+
+@dataclass
+class Crowd:
+    what: str
+    kinds: list[str]        # one per client
+    interval: float = 0.1   # seconds between a trickling client's bytes
+
+
+def crowds(n_random: int) -> list[Crowd]:
+    from lumen.report.serve import MAX_ARRIVING, MAX_CLIENTS
+
+    many = max(100, 2 * (MAX_ARRIVING + MAX_CLIENTS))  # past both bounds (the issue's campaign: 100 silent clients)
+    out = [Crowd(f"{kind}-x{many}", [kind] * many) for kind in CLIENT_KINDS]
+    out.append(Crowd(f"trickle-headers-x{MAX_CLIENTS}-slowly", ["trickle-headers"] * MAX_CLIENTS, interval=0.4))
+    rng = random.Random("serve-clients")
+    for i in range(n_random):
+        kinds = [rng.choice(list(CLIENT_KINDS)) for _ in range(rng.choice([1, 3, MAX_CLIENTS, many, 3 * many]))]
+        out.append(Crowd(f"random-{i}", kinds, interval=rng.choice([0.02, 0.1, 0.3, 0.6])))
+    return out
+
+
+def crowd_in(port: int, crowd: Crowd, seconds: float, connected: threading.Event) -> dict[int, float]:
+    """Connect the crowd (then set `connected`) and play it for at most `seconds`: the time at which the server
+    closed each client (by index), reading and dropping whatever it answers first."""
+    socks: dict[int, socket.socket] = {}
+    closed: dict[int, float] = {}
+    start = time.monotonic()
+    try:
+        for i, kind in enumerate(crowd.kinds):
+            s = socket.create_connection(("127.0.0.1", port), timeout=CLIENT_SECONDS)
+            socks[i] = s
+            if CLIENT_KINDS[kind] is None:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                s.close()
+                closed[i] = time.monotonic() - start
+                continue
+            s.sendall(CLIENT_KINDS[kind][0])
+            s.setblocking(False)
+        connected.set()
+        step = 0
+        while len(closed) < len(socks) and time.monotonic() - start < seconds:
+            for i, s in socks.items():
+                entry = CLIENT_KINDS[crowd.kinds[i]]
+                if i not in closed and entry is not None and step < len(entry[1]):
+                    with contextlib.suppress(OSError):  # (a server that closed it is seen below)
+                        s.send(entry[1][step : step + 1])
+            step += 1
+            ready, _, _ = select.select([s for i, s in socks.items() if i not in closed], [], [], crowd.interval)
+            for s in ready:
+                i = next(i for i, t in socks.items() if t is s)
+                try:
+                    while s.recv(65536):
+                        pass
+                except BlockingIOError:
+                    continue  # (an answer, not yet the end of the connection)
+                except OSError:
+                    pass
+                closed[i] = time.monotonic() - start
+    finally:
+        connected.set()
+        for s in socks.values():
+            s.close()
+    return closed
+
+
+def play(port: int, crowd: Crowd) -> str:
+    """ok, or what went wrong: a new client not answered in time, a crowd client the server kept open."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        bound = HEAD_SECONDS + 3 + 2 * crowd.interval
+        connected = threading.Event()
+        closed = pool.submit(crowd_in, port, crowd, bound, connected)
+        connected.wait(timeout=CLIENT_SECONDS + 30)
+        time.sleep(0.1)  # (the crowd's first bytes are in)
+        start = time.monotonic()
+        try:
+            during = ask(port, good(), seconds=CLIENT_SECONDS)
+        except OSError as e:
+            during = f"{type(e).__name__}"
+        waited = time.monotonic() - start
+        held = len(crowd.kinds) - len(closed.result(timeout=bound + CLIENT_SECONDS + 30))
+    # (a crowd that sends whole requests is real work: past MAX_CLIENTS of them, busy is the right answer)
+    if during not in ((200, 503) if "never-reads" in crowd.kinds else (200,)) or waited > CLIENT_SECONDS:
+        return f"wrong: a new client got {during} after {waited:.1f} s while the crowd trickled"
+    if held:
+        return f"hung: {held} of {len(crowd.kinds)} client(s) still open after {bound:.1f} s"
+    after = ask(port, good())
+    return "ok" if after == 200 else f"wrong: the next good request got {after}"
+
+
+@pytest.fixture(scope="module")
+def impatient_server():
+    from lumen.report.serve import make_server
+
+    T = templates()
+    srv = make_server(T.gpt2, T.chars, port=0, head_seconds=HEAD_SECONDS)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_slow_and_silent_clients_of_the_server(impatient_server):
+    port = impatient_server.server_address[1]
+    failures = []
+    for crowd in crowds(EXTRA):
+        result = play(port, crowd)
+        if TALLY:
+            with open(TALLY, "a") as f:
+                f.write(json.dumps({"family": "serve-clients", "case": crowd.what, "outcome": result}) + "\n")
+        elif result != "ok":
+            failures.append(f"{crowd.what}: {result}")
+    assert not failures, "\n".join(failures)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..config import ModelConfig, RopeScaling
-from ..errors import ConfigError, MissingFileError, ModelFileError
+from ..errors import ConfigError, LumenError, MissingFileError, ModelFileError
 from ..model import GPT
 from ..tokenizers import HFTokenizer
 from .gguf_arch import ARCHITECTURES, ROPE_FREQS, TOP, TOP_EXTRA, Architecture
@@ -120,7 +120,11 @@ class _Header:
     def __init__(self, path: Path):
         self.path, self.pos = path, 0
         with open(path, "rb") as f:
-            self.data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if path.stat().st_size else b""
+            size = path.stat().st_size
+            try:
+                self.data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            except OSError as e:  # (ENOMEM: the whole file is mapped, and this process may not map that much)
+                raise too_large(path, f"mapping it: {e.strerror}") from None
 
     def fail(self, what: str) -> GGUFError:
         return GGUFError(f"{self.path.name} is not a readable GGUF file: {what} (at byte {self.pos:,} of "
@@ -192,6 +196,13 @@ def check_layout(path: Path) -> None:
         _walk(h, path)
     finally:
         _close(h)
+
+
+def too_large(path: Path, when: str) -> LumenError:
+    """The file does not fit in the memory this process may use (a ulimit -v, a container's cap)."""
+    return LumenError(f"{path.name}: the file ({path.stat().st_size / 2**30:.2f} GiB) does not fit in the memory this "
+                      f"process may use ({when}): raise the memory limit (ulimit -v, a container's cap) or use a "
+                      "smaller or more quantized file")
 
 
 def _close(h: _Header) -> None:
@@ -521,6 +532,9 @@ def tokenizer_from_gguf(meta: dict) -> HFTokenizer:
     if pre not in PRE_TOKENIZERS:
         raise GGUFError(f"pre-tokenizer {pre!r} is not supported; supported: {', '.join(PRE_TOKENIZERS)}")
     tokens = _list_of(meta, "tokenizer.ggml.tokens", str, required=True)
+    if "tokenizer.ggml.merges" not in meta:  # (llama.cpp refuses the file too: without them every word is bytes)
+        raise GGUFError("the byte-level BPE tokenizer has no tokenizer.ggml.merges, so it cannot split text as the "
+                        "model was trained; the file is incomplete: convert the model again")
     merges = _list_of(meta, "tokenizer.ggml.merges", str)
     if any(m.count(" ") != 1 for m in merges):
         raise GGUFError("tokenizer.ggml.merges holds an entry that is not two tokens joined by one space; "
@@ -578,6 +592,13 @@ def read_gguf(path: str | Path, blocks: bool = False) -> Weights:
     """The config, tensors in lumen's names and tokenizer of a GGUF file; whatever is wrong with the file is a
     GGUFError naming it. blocks=True keeps the Q8_0/Q4_1 matrices as the file's blocks (`stored_blocks`, in
     Weights.blocks: lumen.fast decodes from them) and dequantizes only the rest (the norms)."""
+    try:
+        return _read_gguf(path, blocks)
+    except MemoryError:  # (numpy's copies of the tensors; the mapping itself is refused in _Header)
+        raise too_large(Path(path), "reading its tensors") from None
+
+
+def _read_gguf(path: str | Path, blocks: bool) -> Weights:
     with naming(path):
         file, cfg, tok = read_header(path)
         table = ARCHITECTURES[file.arch]
