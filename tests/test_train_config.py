@@ -45,6 +45,17 @@ def test_to_toml_round_trips(tmp_path):
     assert load_config(path) == (cfg, m)
 
 
+@pytest.mark.parametrize("preset", ["gemma3-1b", "smollm3-3b", "llama3.2-1b", "qwen3-30b-a3b"])
+def test_to_toml_round_trips_every_kind_of_model_field(tmp_path, preset):
+    """Per-layer patterns (tuples), RoPE scaling (a table) and experts survive a TOML file: --print-config's
+    output of a model with each is read back to the same config (a tuple field raised a TypeError before)."""
+    cfg, _ = load_config(preset="shakespeare")
+    model = ModelConfig.from_name(preset)
+    path = tmp_path / "m.toml"
+    path.write_text(to_toml(cfg, model))
+    assert load_config(path)[1] == model.replace(vocab_size=load_config(path)[1].vocab_size)
+
+
 def test_unknown_keys_list_the_valid_ones(tmp_path):
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['stepz'\]; valid keys: corpus, tokenizer.*steps"):
         load_config(preset="tiny", sets=["stepz=3"])

@@ -242,6 +242,11 @@ def _accepts(tp: object, value: object) -> bool:
     if origin is list:
         (inner,) = typing.get_args(tp)
         return isinstance(value, list) and all(_accepts(inner, v) for v in value)
+    if origin is tuple:  # tuple[X, ...]: TOML holds it as a list
+        inner = typing.get_args(tp)[0]
+        return isinstance(value, (list, tuple)) and all(_accepts(inner, v) for v in value)
+    if dataclasses.is_dataclass(tp):  # a table of the dataclass's fields (RopeScaling): the dataclass checks them
+        return isinstance(value, (dict, tp))
     if tp is type(None):
         return value is None
     if tp is float:
@@ -408,6 +413,8 @@ def _toml_value(v: object) -> str:
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table (RoPE scaling)
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
     return json.dumps(v)  # a basic TOML string: JSON escapes are TOML escapes
