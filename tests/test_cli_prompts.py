@@ -179,6 +179,8 @@ def test_out_with_prompts_writes_what_json_prints_and_the_mean_figures(run, caps
     ("patch", '{"clean": "It is", "corrupt": "It it", "answer": "e", "wrong": "e"}\n', "p.txt, line 1: the "
                                                                                       "answer and the wrong token"),
     ("lens", b"It is\n\xff\n", "p.txt, line 2, column 1: byte 0xff is not UTF-8"),
+    ("lens", '{"prompt": "It is", "answer": ' + "7" * 5000 + '}\n', "p.txt, line 1: not a prompt line (a number in "
+                                                                "it has more digits than Python reads"),
 ])
 def test_a_bad_prompt_file_is_one_line_naming_it(run, capsys, tmp_path, command, content, message):
     f = tmp_path / "p.txt"
@@ -186,6 +188,39 @@ def test_a_bad_prompt_file_is_one_line_naming_it(run, capsys, tmp_path, command,
     code = main([command, str(run), "--prompts", str(f)])
     _, err = capsys.readouterr()
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_lone_surrogate_is_one_line_for_a_byte_and_a_bpe_tokenizer(capsys, tmp_path):
+    """JSON's "\\ud800" is half of a UTF-16 pair: neither UTF-8 bytes nor a BPE's text can hold it."""
+    from lumen import GPT, ModelConfig
+    from lumen.formats.checkpoint import save_checkpoint
+    from lumen.tokenizers import ByteTokenizer, train_bpe
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "It is"}\n{"prompt": "It is \\ud800 the east"}\n')
+    for name, tok in (("byte", ByteTokenizer()), ("bpe", train_bpe([TEXT], vocab_size=300))):
+        torch.manual_seed(0)
+        cfg = ModelConfig(vocab_size=tok.vocab_size, context=32, d_model=16, n_layers=1, n_heads=2)
+        save_checkpoint(tmp_path / name, GPT(cfg), tokenizer=tok)
+        for command in ("lens", "attribute"):
+            code = main([command, str(tmp_path / name), "--prompts", str(f)])
+            _, err = capsys.readouterr()
+            assert code == 2 and len(err.strip().splitlines()) == 1, err
+            assert "p.jsonl, line 2: character '\\ud800' (position 6) is half of a UTF-16 surrogate pair" in err, err
+
+
+def test_a_file_of_old_mac_line_ends_is_one_prompt_a_line(run, capsys, tmp_path):
+    """Lines ended by CR alone (classic Mac OS) or CR LF (Windows) are the prompts a file of LF ends holds."""
+    unix = tmp_path / "unix.txt"
+    unix.write_text("".join(p + "\n" for p, _, _ in PROMPTS))
+    want = json.loads(lumen(capsys, "lens", run, "--prompts", unix, "--answer", "e", "--json"))["prompts"]
+    assert len(want) == len(PROMPTS)
+    for end in ("\r", "\r\n"):
+        f = tmp_path / "p.txt"
+        f.write_bytes("".join(p + end for p, _, _ in PROMPTS).encode())
+        got = json.loads(lumen(capsys, "lens", run, "--prompts", f, "--answer", "e", "--json"))["prompts"]
+        assert [r["prompt"] for r in got] == [p for p, _, _ in PROMPTS]
+        assert [r["values"] for r in got] == [r["values"] for r in want]
 
 
 @pytest.mark.parametrize("argv, message", [

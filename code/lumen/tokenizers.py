@@ -199,6 +199,16 @@ def single_token(tokenizer: Tokenizer, text: str, what: str) -> int:
     return ids[0]
 
 
+def _not_text(text: str) -> UserError:
+    """The error for a string UTF-8 cannot encode: it holds half of a UTF-16 surrogate pair (JSON's "\\ud800",
+    or bytes that were not UTF-8 read with surrogateescape)."""
+    i = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+    if i is None:
+        return UserError(f"the text {text[:40]!r} cannot be encoded as UTF-8")
+    return UserError(f"character {text[i]!r} (position {i}) is half of a UTF-16 surrogate pair, not text: "
+                     "write the character itself (or both halves of its pair)")
+
+
 def _ids(ids: Iterable[int]) -> list[int]:
     """Token ids as a list of non-negative ints (a negative one would index from the end)."""
     ids = [int(i) for i in ids]
@@ -260,7 +270,10 @@ class ByteTokenizer(Tokenizer):
         return 256
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        try:
+            return list(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise _not_text(text) from None
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = list(ids)
@@ -302,7 +315,12 @@ class HFTokenizer(Tokenizer):
         return max(self.tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        try:
+            return self.tok.encode(text, add_special_tokens=False).ids
+        except TypeError:   # the Rust side takes only text that UTF-8 can encode
+            if not isinstance(text, str):
+                raise
+            raise _not_text(text) from None
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)

@@ -15,6 +15,7 @@ forward pass runs.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -70,10 +71,9 @@ def read_prompts(path: str | Path, tok: Tokenizer, context: int, pairs: bool = F
     if path.is_file() and path.stat().st_size > MAX_BYTES:
         raise UserError(f"{path} is {path.stat().st_size:,} bytes, more than a command reads ({MAX_BYTES:,}): "
                         "split it into smaller files")
-    lines = read_text(path, "prompt", UserError, "fix the file").split("\n")
+    lines = re.split(r"\r\n|\r|\n", read_text(path, "prompt", UserError, "fix the file"))   # Unix, Windows, old Mac
     if lines and lines[-1] == "":
-        lines.pop()   # the newline that ends the last line
-    lines = [t.removesuffix("\r") for t in lines]
+        lines.pop()   # the line end that ends the last line
     if not lines:
         raise UserError(f"{path} is empty: give one prompt per line")
     if len(lines) > MAX_PROMPTS:
