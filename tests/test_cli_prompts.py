@@ -146,6 +146,45 @@ def test_patch_prompts_are_each_pair_alone(run, capsys, tmp_path):
     assert [p["line"] for p in data["pairs"]] == [1, 2, 3]
 
 
+def test_the_python_api_gives_the_commands_numbers(run, capsys, tmp_path):
+    """lumen.prompts + lumen.inspect.datasets, called from Python on the run's own model, give what --json prints;
+    the means are the means of the rows (computed here from the rows, another route)."""
+    from helpers.models import peaked_tiny_model
+    from lumen.inspect import LogitLens
+    from lumen.inspect.datasets import attribute_prompts, lens_prompts, patch_prompts
+    from lumen.prompts import read_prompts
+
+    model, tok = peaked_tiny_model(TEXT)
+    f = jsonl(tmp_path / "p.jsonl", [{"prompt": p, "answer": a, "wrong": w} for p, a, w in PROMPTS])
+    prompts = read_prompts(f, tok, model.cfg.context)
+    lens = lens_prompts(model, prompts, LogitLens(model), tokenizer=tok, batch_size=3)
+    cli = json.loads(lumen(capsys, "lens", run, "--prompts", f, "--batch-size", 3, "--json"))
+    assert {"lens": "logit lens", "file": str(f), **lens.to_dict()} == cli
+    torch.testing.assert_close(lens.mean()["values"], lens.values.double().sum(0) / len(PROMPTS))
+    assert lens.values.abs().max() > 0.5
+
+    attribution = attribute_prompts(model, prompts, tok, batch_size=3)
+    cli = json.loads(lumen(capsys, "attribute", run, "--prompts", f, "--batch-size", 3, "--json"))
+    assert {"file": str(f), **attribution.to_dict(lambda i: tok.decode([i]))} == cli
+    logits = [float(a.logit[-1]) for a in attribution.results]
+    assert float(attribution.mean.logit[0]) == pytest.approx(sum(logits) / len(logits), abs=1e-9)
+    assert float(attribution.mean.values.sum()) == pytest.approx(sum(logits) / len(logits), abs=1e-4)
+
+    pairs = jsonl(tmp_path / "pairs.jsonl", [{"clean": c, "corrupt": x, "answer": a, "wrong": w}
+                                             for c, x, a, w in PAIRS])
+    found = patch_prompts(model, read_prompts(pairs, tok, model.cfg.context, pairs=True), kinds=["resid_pre"],
+                          methods=("exact", "attribution"), tokenizer=tok, batch_size=2)
+    cli = json.loads(lumen(capsys, "patch", run, "--prompts", pairs, "--kinds", "resid_pre", "--method", "both",
+                           "--batch-size", 2, "--json"))
+    for method, dataset in found.items():
+        got = dataset.to_dict()
+        assert [p["maps"] for p in got["pairs"]] == [p["maps"] for p in cli[method]["pairs"]]
+        assert got["mean"] == cli[method]["mean"]
+        clean = sum(p["clean_metric"] for p in cli[method]["pairs"]) / len(PAIRS)
+        assert dataset.clean_metric == pytest.approx(clean, abs=1e-9)
+        assert dataset.averaged().clean_tokens == [str(t) for t in range(-min(len(c) for c, *_ in PAIRS), 0)]
+
+
 @pytest.mark.parametrize("command, files", [("lens", ("lens.json", "kl.png", "answer.png")),
                                            ("attribute", ("attribution.json", "attribution.png"))])
 def test_out_with_prompts_writes_what_json_prints_and_the_mean_figures(run, capsys, tmp_path, command, files):
@@ -245,7 +284,7 @@ def test_answers_in_the_file_and_on_the_command_line_are_refused_together(run, c
 
 
 def test_too_many_prompts_and_too_large_a_batch_are_refused(run, capsys, tmp_path, monkeypatch):
-    import lumen.cli.prompts as prompts
+    import lumen.prompts as prompts
 
     f = tmp_path / "p.txt"
     f.write_text("".join(p + "\n" for p, _, _ in PROMPTS))
