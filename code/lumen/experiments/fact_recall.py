@@ -11,8 +11,9 @@ from typing import TypedDict
 import torch
 
 from .. import names
-from ..inspect.attribution import attribute, single_token, top_components
+from ..inspect.attribution import attribute, top_components
 from ..inspect.patching import logit_diff, patching_maps
+from ..tokenizers import single_token
 from .result import Result, Table, figure
 from .subjects import smollm2
 
