@@ -128,11 +128,10 @@ def measure(size: Size, seed: int) -> dict:
                      batch_size=s["lm_batch"], seed=seed, eval_windows=s["eval_windows"])
         lm[kind] = {"final_loss": h.final_loss, "val": h.final_val, "train_loss": h.loss}
     chance = F.cross_entropy(torch.zeros(1, 2), torch.tensor([0])).item()   # ln 2: guessing
-    return {"size": dict(s), "xor": xor, "shakespeare": lm, "chance_loss": chance}
+    return {"xor": xor, "shakespeare": lm, "chance_loss": chance}
 
 
-def tables(n: dict) -> list[Table]:
-    s = n["size"]
+def tables(n: dict, s: Size) -> list[Table]:
     t1 = Table(f"XOR of two of a token's own features, {s['steps']} steps, d={s['d']} (chance: loss ln 2 = "
                f"{n['chance_loss']:.3f}, accuracy 0.5)",
                ["stack", "block parameters", "loss", "accuracy", "steps to loss < 0.1"],
@@ -144,8 +143,8 @@ def tables(n: dict) -> list[Table]:
     return [t1, t2]
 
 
-def verdict(n: dict) -> str:
-    steps = n["size"]["steps"]
+def verdict(n: dict, s: Size) -> str:
+    steps = s["steps"]
     full, attn, attn3 = n["xor"].values()
     lm = n["shakespeare"]
     gap = lm["attention-only"]["val"] - lm["residual"]["val"]
@@ -176,7 +175,7 @@ def verdict(n: dict) -> str:
     return head + details + f"On Shakespeare, dropping the MLP costs {gap:+.3f} nats of validation loss."
 
 
-def draw(n: dict):
+def draw(n: dict, s: Size):
     """The XOR stacks' and the Shakespeare models' training losses."""
     fig, (ax1, ax2) = figure(2, 5.5, 4)
     for label, r in n["xor"].items():
@@ -193,5 +192,6 @@ def draw(n: dict):
 
 
 def run(quick: bool, seed: int) -> Result:
-    n = measure(SIZES[quick], seed)
-    return Result(NAME, CLAIM, tables(n), verdict(n), n, {"mixing": draw(n)})
+    size = SIZES[quick]
+    n = measure(size, seed)
+    return Result(NAME, CLAIM, tables(n, size), verdict(n, size), n, {"mixing": draw(n, size)})
