@@ -3,14 +3,12 @@ ReLU units are dead (never positive on a batch)."""
 
 from __future__ import annotations
 
-from typing import TypedDict
-
 import torch
 
 from .. import names
 from ..config import ModelConfig
 from ..inspect import run_with_cache
-from .fit import sample_batch, shakespeare, train_lm
+from .fit import TrainingSize, sample_batch, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -20,13 +18,7 @@ CLAIM = ("ReLU's hard corner gives exactly zero gradient below zero, so units ca
          "d_ff = 8/3 d has the same parameters as a 4d MLP.")
 
 
-class Size(TypedDict):
-    d: int
-    layers: int
-    steps: int
-    batch: int
-    lr: float
-    eval_windows: int
+class Size(TrainingSize):
     dead_batch: int   # validation windows on which a ReLU unit that is never positive counts as dead
 
 

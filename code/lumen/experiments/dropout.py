@@ -3,12 +3,10 @@ small slice of it."""
 
 from __future__ import annotations
 
-from typing import TypedDict
-
 import torch
 
 from ..config import ModelConfig
-from .fit import shakespeare, train_lm
+from .fit import TrainingSize, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -17,13 +15,7 @@ CLAIM = ("Dropout is a regulariser: it helps only when the model sees the same d
          "epochs); trained once over fresh data there is nothing to memorise and it only slows learning.")
 
 
-class Size(TypedDict):
-    d: int
-    layers: int
-    steps: int
-    batch: int
-    lr: float
-    eval_windows: int
+class Size(TrainingSize):
     slice_tokens: int   # the small slice of the training split seen over many epochs
     evals: int          # validations spread over each run
 

@@ -11,6 +11,7 @@ import copy
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -22,6 +23,17 @@ from ..tokenizers import CharTokenizer
 from ..train import TrainConfig, TrainingError, train
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+class TrainingSize(TypedDict):
+    """What every experiment that trains small models on Shakespeare sizes (its Size adds its own fields)."""
+
+    d: int              # the models' width
+    layers: int         # and depth
+    steps: int          # training steps
+    batch: int          # windows per step
+    lr: float           # peak learning rate
+    eval_windows: int   # validation windows
+
 
 # the running experiment's progress bar (lumen.experiments.run sets it): it counts the training steps taken
 BAR = None

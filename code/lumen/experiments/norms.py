@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import TypedDict
 
 import torch
 
 from ..block import LayerNorm, RMSNorm
 from ..config import ModelConfig
-from .fit import shakespeare, train_lm
+from .fit import TrainingSize, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -18,13 +17,7 @@ CLAIM = ("RMSNorm drops LayerNorm's mean subtraction and bias: it is cheaper (on
          "and trains just as well.")
 
 
-class Size(TypedDict):
-    d: int
-    layers: int
-    steps: int
-    batch: int
-    lr: float
-    eval_windows: int
+class Size(TrainingSize):
     norm_reps: int   # timed forward and backward passes of a norm alone
 
 
