@@ -2,8 +2,10 @@
 lumen.inspect.datasets runs as padded batches (lumen.tokenizers.pad), each prompt on its own and on average.
 
     >>> prompts = read_prompts("ioi.jsonl", tok, model.cfg.context)      # doctest: +SKIP
-    >>> prompts[0].line, prompts[0].text, prompts[0].answer               # doctest: +SKIP
-    (1, 'When Mary and John went to the store, John gave a drink to', 6393)
+    >>> prompts[0].line, prompts[0].text                                  # doctest: +SKIP
+    (1, 'When Mary and John went to the store, John gave a drink to')
+    >>> prompts[0].answer == tok.single_token(" Mary")                    # doctest: +SKIP
+    True
 
 Two layouts, told apart by the first line:
 
