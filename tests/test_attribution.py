@@ -11,7 +11,8 @@ from lumen import GPT, ModelConfig
 from lumen.errors import UserError
 from lumen.formats.hf import from_hf_model
 from lumen.inspect import run_with_cache
-from lumen.inspect.attribution import attribute, single_token, top_components
+from lumen.inspect.attribution import attribute, top_components
+from lumen.tokenizers import single_token
 
 V = 97
 HF = {

@@ -146,6 +146,45 @@ def test_patch_prompts_are_each_pair_alone(run, capsys, tmp_path):
     assert [p["line"] for p in data["pairs"]] == [1, 2, 3]
 
 
+def test_the_python_api_gives_the_commands_numbers(run, capsys, tmp_path):
+    """lumen.prompts + lumen.inspect.datasets, called from Python on the run's own model, give what --json prints;
+    the means are the means of the rows (computed here from the rows, another route)."""
+    from helpers.models import peaked_tiny_model
+    from lumen.inspect import LogitLens
+    from lumen.inspect.datasets import attribute_prompts, lens_prompts, patch_prompts
+    from lumen.prompts import read_prompts
+
+    model, tok = peaked_tiny_model(TEXT)
+    f = jsonl(tmp_path / "p.jsonl", [{"prompt": p, "answer": a, "wrong": w} for p, a, w in PROMPTS])
+    prompts = read_prompts(f, tok, model.cfg.context)
+    lens = lens_prompts(model, prompts, LogitLens(model), tokenizer=tok, batch_size=3)
+    cli = json.loads(lumen(capsys, "lens", run, "--prompts", f, "--batch-size", 3, "--json"))
+    assert {"lens": "logit lens", "file": str(f), **lens.to_dict()} == cli
+    torch.testing.assert_close(lens.mean()["values"], lens.values.double().sum(0) / len(PROMPTS))
+    assert lens.values.abs().max() > 0.5
+
+    attribution = attribute_prompts(model, prompts, tok, batch_size=3)
+    cli = json.loads(lumen(capsys, "attribute", run, "--prompts", f, "--batch-size", 3, "--json"))
+    assert {"file": str(f), **attribution.to_dict(lambda i: tok.decode([i]))} == cli
+    logits = [float(a.logit[-1]) for a in attribution.results]
+    assert float(attribution.mean.logit[0]) == pytest.approx(sum(logits) / len(logits), abs=1e-9)
+    assert float(attribution.mean.values.sum()) == pytest.approx(sum(logits) / len(logits), abs=1e-4)
+
+    pairs = jsonl(tmp_path / "pairs.jsonl", [{"clean": c, "corrupt": x, "answer": a, "wrong": w}
+                                             for c, x, a, w in PAIRS])
+    found = patch_prompts(model, read_prompts(pairs, tok, model.cfg.context, pairs=True), kinds=["resid_pre"],
+                          methods=("exact", "attribution"), tokenizer=tok, batch_size=2)
+    cli = json.loads(lumen(capsys, "patch", run, "--prompts", pairs, "--kinds", "resid_pre", "--method", "both",
+                           "--batch-size", 2, "--json"))
+    for method, dataset in found.items():
+        got = dataset.to_dict()
+        assert [p["maps"] for p in got["pairs"]] == [p["maps"] for p in cli[method]["pairs"]]
+        assert got["mean"] == cli[method]["mean"]
+        clean = sum(p["clean_metric"] for p in cli[method]["pairs"]) / len(PAIRS)
+        assert dataset.clean_metric == pytest.approx(clean, abs=1e-9)
+        assert dataset.averaged().clean_tokens == [str(t) for t in range(-min(len(c) for c, *_ in PAIRS), 0)]
+
+
 @pytest.mark.parametrize("command, files", [("lens", ("lens.json", "kl.png", "answer.png")),
                                            ("attribute", ("attribution.json", "attribution.png"))])
 def test_out_with_prompts_writes_what_json_prints_and_the_mean_figures(run, capsys, tmp_path, command, files):
@@ -179,6 +218,8 @@ def test_out_with_prompts_writes_what_json_prints_and_the_mean_figures(run, caps
     ("patch", '{"clean": "It is", "corrupt": "It it", "answer": "e", "wrong": "e"}\n', "p.txt, line 1: the "
                                                                                       "answer and the wrong token"),
     ("lens", b"It is\n\xff\n", "p.txt, line 2, column 1: byte 0xff is not UTF-8"),
+    ("lens", '{"prompt": "It is", "answer": ' + "7" * 5000 + '}\n', "p.txt, line 1: not a prompt line (a number in "
+                                                                "it has more digits than Python reads"),
 ])
 def test_a_bad_prompt_file_is_one_line_naming_it(run, capsys, tmp_path, command, content, message):
     f = tmp_path / "p.txt"
@@ -186,6 +227,39 @@ def test_a_bad_prompt_file_is_one_line_naming_it(run, capsys, tmp_path, command,
     code = main([command, str(run), "--prompts", str(f)])
     _, err = capsys.readouterr()
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_lone_surrogate_is_one_line_for_a_byte_and_a_bpe_tokenizer(capsys, tmp_path):
+    """JSON's "\\ud800" is half of a UTF-16 pair: neither UTF-8 bytes nor a BPE's text can hold it."""
+    from lumen import GPT, ModelConfig
+    from lumen.formats.checkpoint import save_checkpoint
+    from lumen.tokenizers import ByteTokenizer, train_bpe
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "It is"}\n{"prompt": "It is \\ud800 the east"}\n')
+    for name, tok in (("byte", ByteTokenizer()), ("bpe", train_bpe([TEXT], vocab_size=300))):
+        torch.manual_seed(0)
+        cfg = ModelConfig(vocab_size=tok.vocab_size, context=32, d_model=16, n_layers=1, n_heads=2)
+        save_checkpoint(tmp_path / name, GPT(cfg), tokenizer=tok)
+        for command in ("lens", "attribute"):
+            code = main([command, str(tmp_path / name), "--prompts", str(f)])
+            _, err = capsys.readouterr()
+            assert code == 2 and len(err.strip().splitlines()) == 1, err
+            assert "p.jsonl, line 2: character '\\ud800' (position 6) is half of a UTF-16 surrogate pair" in err, err
+
+
+def test_a_file_of_old_mac_line_ends_is_one_prompt_a_line(run, capsys, tmp_path):
+    """Lines ended by CR alone (classic Mac OS) or CR LF (Windows) are the prompts a file of LF ends holds."""
+    unix = tmp_path / "unix.txt"
+    unix.write_text("".join(p + "\n" for p, _, _ in PROMPTS))
+    want = json.loads(lumen(capsys, "lens", run, "--prompts", unix, "--answer", "e", "--json"))["prompts"]
+    assert len(want) == len(PROMPTS)
+    for end in ("\r", "\r\n"):
+        f = tmp_path / "p.txt"
+        f.write_bytes("".join(p + end for p, _, _ in PROMPTS).encode())
+        got = json.loads(lumen(capsys, "lens", run, "--prompts", f, "--answer", "e", "--json"))["prompts"]
+        assert [r["prompt"] for r in got] == [p for p, _, _ in PROMPTS]
+        assert [r["values"] for r in got] == [r["values"] for r in want]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -210,7 +284,7 @@ def test_answers_in_the_file_and_on_the_command_line_are_refused_together(run, c
 
 
 def test_too_many_prompts_and_too_large_a_batch_are_refused(run, capsys, tmp_path, monkeypatch):
-    import lumen.cli.prompts as prompts
+    import lumen.prompts as prompts
 
     f = tmp_path / "p.txt"
     f.write_text("".join(p + "\n" for p, _, _ in PROMPTS))

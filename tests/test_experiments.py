@@ -180,3 +180,27 @@ def test_cli(tmp_path, capsys):
 def test_table_formats_numbers():
     md = Table("t", ["a", "b", "c"], [[1234567, 0.000123, 3.14159], [12, float("nan"), None]]).markdown()
     assert "| 1,234,567 | 0.000123 | 3.142 |" in md and "| 12 | nan |  |" in md
+
+
+def test_a_synthetic_task_trains_through_lumen_train_loop():
+    """mixing's XOR task reaches lumen.train's loop as a TaskData: the loop's first loss is the loss of the untrained
+    model on the windows the loop's own generator draws (computed here by hand), and training lowers it."""
+    import copy
+
+    import torch
+
+    from lumen.experiments.fit import train_lm
+    from lumen.experiments.mixing import OwnFeatureXor
+
+    task = OwnFeatureXor(features=4, d_model=16, context=8, seed=0)
+    torch.manual_seed(0)
+    model = task.model(ModelConfig(d_model=16, n_layers=1, n_heads=2, activation="gelu"), "residual")
+    data = task.data()
+    x, y = data.batch("train", data.random_starts("train", 8, 4, torch.Generator().manual_seed(0)), 8)
+    assert torch.equal(y, task.answer[x]) and x.shape == (4, 8)
+    with torch.no_grad():
+        first = float(model.eval()(x, y)[1])
+    hist = train_lm(copy.deepcopy(model), data, steps=20, lr=1e-2, batch_size=4, seed=0, eval_windows=4)
+    assert not hist.diverged and len(hist.loss) == 20
+    assert hist.loss[0] == pytest.approx(first, rel=1e-5)
+    assert hist.final_loss < 0.8 * first

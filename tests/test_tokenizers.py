@@ -85,3 +85,18 @@ def test_load_errors_name_the_problem(tmp_path):
     (tmp_path / "tokenizer.json").write_text('{"lumen_tokenizer": "klingon"}')
     with pytest.raises(ValueError, match="unknown tokenizer kind 'klingon'"):
         Tokenizer.load(tmp_path)
+
+
+def test_single_token_has_one_home_and_its_old_one_warns():
+    """lumen.tokenizers.single_token (and tok.single_token); lumen.inspect.attribution's name still works for one
+    release, with a DeprecationWarning that names the new home."""
+    import lumen.inspect.attribution as attribution
+    from lumen.tokenizers import single_token
+
+    tok = CharTokenizer.from_text("hello world")
+    assert single_token(tok, "h", "x") == tok.single_token("h") == tok.encode("h")[0]
+    with pytest.warns(DeprecationWarning, match="import it from lumen.tokenizers"):
+        old = attribution.single_token
+    assert old is single_token
+    with pytest.raises(AttributeError):
+        attribution.no_such_name  # noqa: B018

@@ -143,6 +143,10 @@ def json_object(text: str, path: str | Path, what: str, error: type[LumenError] 
             where = f", line {line}"
         reason = f"the {place} is empty" if not text.strip() else _JSON_REASONS.get(e.msg, e.msg.lower())
         raise error(f"{path}{where}: not valid JSON ({reason}); {fix}") from None
+    except ValueError:   # json's only other complaint: an integer longer than Python converts (4,300 digits)
+        where = "" if line is None else f", line {line}"
+        raise error(f"{path}{where}: not a {what} {place} (a number in it has more digits than Python "
+                    f"reads, 4,300); {fix}") from None
     except RecursionError:
         where = "" if line is None else f", line {line}"
         raise error(f"{path}{where}: not a {what} {place} (its JSON is nested too deeply to read); {fix}") from None

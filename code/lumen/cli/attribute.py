@@ -4,7 +4,8 @@
 Prints the logit, each block's attention and MLP contribution, and the largest single components (heads
 included); --out writes attribution.json and attribution.png. With --prompts, every prompt of the file is
 split at its last token (its answer from the file, the command line, or its own prediction), one line each,
-then the mean of every component over the file, which adds up to the mean logit (lumen.cli.prompts); --out
+then the mean of every component over the file, which adds up to the mean logit (lumen.inspect.datasets.
+AttributionSet); --out
 then writes every prompt's split and the mean (attribution.json, what --json prints) and the mean's figure.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from .. import names
 from . import UserError
 from .models import add_model_argument, add_out_argument, at_least, load_with_tokenizer, output_dir
-from .prompts import Prompt, add_prompts_arguments, batches, padded, read_prompts, refuse_with_prompts, with_answers
+from .prompts import add_prompts_arguments, refuse_with_prompts
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -42,17 +43,17 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 def targets(tok, target: str | None, contrast: list[str] | None) -> dict:
     """attribute()'s target/contrast keywords from the command line's token texts."""
-    from ..inspect.attribution import single_token
-
     if contrast:
-        return {"contrast": tuple(single_token(tok, c, "--contrast") for c in contrast)}
+        return {"contrast": tuple(tok.single_token(c, "--contrast") for c in contrast)}
     if target is not None:
-        return {"target": single_token(tok, target, "--target")}
+        return {"target": tok.single_token(target, "--target")}
     return {}
 
 
 def run(args: argparse.Namespace) -> int:
     from ..inspect.attribution import attribute
+    from ..inspect.datasets import attribute_prompts
+    from ..prompts import read_prompts, with_answers
 
     at_least(args, "top")
     if args.prompts:
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         if given:
             pair = given.get("contrast", (given.get("target"), None))
             prompts = with_answers(prompts, pair[0], pair[1], args.prompts)
-        return run_prompts(args, model.eval(), tok, prompts)
+        found = attribute_prompts(model.eval(), prompts, tok, args.batch_size)
+        return print_prompts(args, found, tok, model.cfg.name)
     ids = tok.encode(args.prompt)
     if not ids:
         raise UserError("--prompt is empty: give some text")
@@ -114,43 +116,22 @@ def print_components(a, t: int, top: int) -> None:
         print(f"  {names.display(name):<22} {v:+.4f}")
 
 
-def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt]) -> int:
-    """Attribution of every prompt of a file at its last token, batch by batch, then the mean of each component."""
-    import torch
-
-    from ..inspect.attribution import Attribution, attribute
-
-    found: list[Attribution] = []
-    for group in batches(prompts, args.batch_size, model.cfg.vocab_size):
-        answers = [p.answer for p in group]
-        if group[0].wrong is not None:
-            kw: dict = {"contrast": (answers, [p.wrong for p in group])}
-        else:
-            kw = {"target": answers} if group[0].answer is not None else {}
-        found += attribute(model, padded(group).to(model.device), tokenizer=tok, **kw)
-    rows = [_last(p, a, tok) for p, a in zip(prompts, found)]
-    n = len(found)
-    mean = Attribution([-1], ["(mean)"], [], None, found[0].components,   # one position, the dataset's mean
-                       torch.stack([a.values[:, -1] for a in found]).mean(0)[:, None],
-                       torch.stack([a.heads[..., -1] for a in found]).mean(0)[..., None],
-                       torch.stack([a.attn_bias[:, -1] for a in found]).mean(0)[:, None],
-                       torch.stack([a.logit[-1] for a in found]).double().mean()[None])
-    answered = prompts[0].answer is not None
-    what = ("logit[answer] - logit[wrong]" if prompts[0].wrong is not None else "logit[answer]") if answered \
-        else "logit[the model's own top-1]"
-    data = {"file": str(args.prompts), "what": what, "prompts": rows, "mean": _summary(mean, 0)}
+def print_prompts(args: argparse.Namespace, found, tok, model_name: str) -> int:
+    """A file of prompts' attribution (an AttributionSet): each prompt's line, then the mean of each component."""
+    data = {"file": str(args.prompts), **found.to_dict(lambda i: tok.decode([i]))}
+    mean, what, n = found.mean, found.what, len(found.results)
     if args.out:
         from ..files import write_text
         from ..report.figures import attribution_plot
 
         out = Path(args.out)
         write_text(out / "attribution.json", json.dumps(data, ensure_ascii=False))
-        attribution_plot(mean, out / "attribution.png", 0, title=f"{model.cfg.name}: {what}, mean over {n} prompts")
+        attribution_plot(mean, out / "attribution.png", 0, title=f"{model_name}: {what}, mean over {n} prompts")
     if args.json:
         print(json.dumps(data, ensure_ascii=False))
         return 0
     print(f"direct logit attribution on {n} prompts of {args.prompts}, at each prompt's last token")
-    for r in rows:
+    for r in data["prompts"]:
         parts = ", ".join(f"{names.display(c)} {v:+.4f}" for c, v in r["top"][:3])
         print(f"line {r['line']:>4}: {r['what']} = {r['logit']:.4f}; largest: {parts}")
     print(f"\nmean over the {n} prompts: {what} = {float(mean.logit[0]):.4f}; the mean components sum to "
@@ -159,22 +140,3 @@ def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt]) -> 
     if args.out:
         print(f"wrote {args.out}/attribution.json (every prompt and the mean), attribution.png (the mean)")
     return 0
-
-
-def _summary(a, t: int) -> dict:
-    """Position t of an attribution as plain numbers: the logit, every component, every head, the largest parts."""
-    from ..inspect.attribution import top_components
-
-    return {"logit": round(float(a.logit[t]), 6),
-            "components": {c: round(float(v[t]), 6) for c, v in zip(a.components, a.values)},
-            "heads": [[round(float(x), 6) for x in layer] for layer in a.heads[..., t]],
-            "attn_bias": [round(float(x), 6) for x in a.attn_bias[:, t]],
-            "top": [[c, round(v, 6)] for c, v in top_components(a, t, 10)]}
-
-
-def _last(p: Prompt, a, tok) -> dict:
-    """One prompt's row: its line, text and target tokens, and its attribution at its last token."""
-    t = len(a.ids) - 1
-    target, minus = tok.decode([a.target[t]]), tok.decode([a.minus[t]]) if a.minus is not None else None
-    what = f"logit[{target!r}] - logit[{minus!r}]" if minus is not None else f"logit[{target!r}]"
-    return {"line": p.line, "prompt": p.text, "target": target, "minus": minus, "what": what, **_summary(a, t)}

@@ -5,7 +5,7 @@ Prints a table (embed and every block x the last positions: top-1 token and prob
 logit of the answer, or logit[answer] - logit[wrong], read after each block at the last position); --out
 writes lens.png (the heatmap), kl.png (KL to the final output after each block), lens.html (hover a cell for
 the top-k) and lens.json. With --prompts, every prompt of the file is read at its last token, one line each,
-then the mean over the file per layer (lumen.cli.prompts).
+then the mean over the file per layer (lumen.prompts reads the file, lumen.inspect.datasets.LensSet holds the numbers).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from .. import names
 from .models import add_model_argument, add_out_argument, at_least, load_with_tokenizer, output_dir
-from .prompts import Prompt, add_prompts_arguments, batches, padded, read_prompts, with_answers
+from .prompts import add_prompts_arguments
 
 TABLE_POSITIONS = 6
 LENS_FILE = "tuned-lens.safetensors"   # the file name in a folder written by `lumen tuned-lens train --out`
@@ -46,8 +46,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..inspect.datasets import answer_readings, lens_prompts, reading_name
     from ..inspect.lens import Lens, LogitLens, logit_lens
     from ..inspect.tuned_lens import TunedLens
+    from ..prompts import read_prompts, with_answers
     from ..report.figures import visible
     from . import UserError
 
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     main_name = "tuned lens" if args.tuned else "logit lens"
     if args.prompts:
         prompts = with_answers(read_prompts(args.prompts, tok, model.cfg.context), answer, wrong, args.prompts)
-        return run_prompts(args, model, tok, prompts, lenses[main_name], main_name, out)
+        found = lens_prompts(model, prompts, lenses[main_name], args.top_tokens, tok, args.batch_size, main_name)
+        return print_prompts(args, found, out)
     ids = tok.encode(args.prompt)
     if not ids:
         raise UserError("--prompt is empty: give some text")
@@ -77,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     result = results[main_name]
     reading = None
     if answer is not None:
-        reading = readings(model, lenses[main_name], torch.tensor([ids]), [answer], [wrong] if wrong is not None
-                           else None)[:, 0]                                              # (layers + 1, T)
+        reading = answer_readings(model, lenses[main_name], torch.tensor([ids]), [answer],
+                                  [wrong] if wrong is not None else None)[:, 0]          # (layers + 1, T)
     if out:
         write_outputs(out, results, main_name)
     if args.json:
@@ -99,84 +102,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def readings(model, lens, idx, answers: list[int], wrongs: list[int] | None) -> torch.Tensor:
-    """(layers + 1, B, T): logit[answer] (minus logit[wrong]) read through the lens after the embedding and every
-    block (the accumulated stream, each row with its own norm scale), one answer (and wrong token) per prompt."""
-    from ..inspect.stack import accumulated
-
-    with torch.no_grad():
-        stack = accumulated(model, idx, lens=lens)
-        a = torch.tensor(answers)
-        if wrongs is not None:
-            return stack.logit_diff(a, torch.tensor(wrongs))
-        return stack.logits(a).diagonal(dim1=1, dim2=3).permute(0, 2, 1)   # each prompt's own answer
-
-
-def reading_name(tok, answer: int | None, wrong: int | None) -> str:
-    if answer is None:
-        return ""
-    if wrong is None:
-        return f"logit[{tok.decode([answer])!r}]"
-    return f"logit[{tok.decode([answer])!r}] - logit[{tok.decode([wrong])!r}]"
-
-
-def run_prompts(args: argparse.Namespace, model, tok, prompts: list[Prompt], lens, name: str,
-                out: Path | None = None) -> int:
-    """The lens on every prompt of a file, batch by batch: each prompt at its last token, then the mean per layer;
-    out: write lens.json (what --json prints) and the mean curves (kl.png; answer.png with answers)."""
-    from ..inspect.lens import LensResult, logit_lens
-
-    found: list[LensResult] = []
-    values: list[torch.Tensor] = []          # each prompt's (layers + 1,) reading of its answer
-    answered = prompts[0].answer is not None
-    for group in batches(prompts, args.batch_size, model.cfg.vocab_size):
-        batch = padded(group).to(model.device)
-        found += logit_lens(model, batch, lens, args.top_tokens, tok)
-        if answered:
-            wrongs = [int(p.wrong) for p in group if p.wrong is not None] or None
-            reading = readings(model, lens, batch, [int(p.answer) for p in group if p.answer is not None], wrongs)
-            values += [reading[:, b, int(batch.last[b])].cpu() for b in range(len(group))]
-    kl = torch.stack([r.kl[:, -1] for r in found])                                     # (n, layers + 1)
-    agree = torch.stack([r.top_ids[:, -1, 0] == r.top_ids[-1, -1, 0] for r in found]).double()
-    first = torch.tensor([r.first_top1_layer() for r in found], dtype=torch.float64)
-    rows = []
-    for i, (p, r) in enumerate(zip(prompts, found)):
-        row = {"line": p.line, "prompt": p.text, "tokens": r.tokens, "final": r.vocab_of(int(r.top_ids[-1, -1, 0])),
-               "first_top1": r.first_top1_layer(), "top1": [r.vocab_of(int(t)) for t in r.top_ids[:, -1, 0]],
-               "top1_prob": _rounded(r.top_probs[:, -1, 0]), "kl": _rounded(r.kl[:, -1])}
-        if answered:
-            row |= {"what": reading_name(tok, p.answer, p.wrong), "values": _rounded(values[i])}
-        rows.append(row)
-    mean = {"kl": _rounded(kl.double().mean(0)), "top1_is_final": _rounded(agree.mean(0)),
-            "first_top1": round(float(first.mean()), 6)}
-    if answered:
-        mean["values"] = _rounded(torch.stack(values).double().mean(0))
-    what = ("logit[answer] - logit[wrong]" if prompts[0].wrong is not None else "logit[answer]") if answered else None
-    data = {"lens": name, "file": str(args.prompts), "what": what, "prompts": rows, "mean": mean}
+def print_prompts(args: argparse.Namespace, found, out: Path | None = None) -> int:
+    """A file of prompts' lens (a LensSet): each prompt at its last token, then the mean per layer; out: write
+    lens.json (what --json prints) and the mean curves (kl.png; answer.png with answers)."""
+    data = {"lens": found.lens, "file": str(args.prompts), **found.to_dict()}
+    n = len(found.results)
     if out:
-        write_prompt_outputs(out, data, name, len(found))
+        write_prompt_outputs(out, data, found.lens, n)
     if args.json:
         print(json.dumps(data, ensure_ascii=False))
         return 0
-    n, L = len(found), kl.size(1)
-    print(f"{name} on {n} prompts of {args.prompts}, read at each prompt's last token")
+    what, mean, kl = found.what, found.mean(), found.kl
+    print(f"{found.lens} on {n} prompts of {args.prompts}, read at each prompt's last token")
     print(f"{'line':>6}  {'final top-1':<16}{'prob':>6}  {'first top-1 after':<18}"
-          + (f"  {what} after the last block" if answered else ""))
-    for i, (p, r) in enumerate(zip(prompts, found)):
+          + (f"  {what} after the last block" if what else ""))
+    for i, (p, r) in enumerate(zip(found.prompts, found.results)):
         word = _clip(r.vocab_of(int(r.top_ids[-1, -1, 0])), 14)
-        tail = f"  {float(values[i][-1]):+.4f}" if answered else ""
+        tail = f"  {float(found.values[i][-1]):+.4f}" if found.values is not None else ""
         print(f"{p.line:>6}  {word:<16}{float(r.top_probs[-1, -1, 0]):>6.2f}  "
               f"{names.stream(r.first_top1_layer()):<18}{tail}")
     print(f"\nmean over the {n} prompts, per layer (the final top-1 first becomes top-1 after "
-          f"{float(first.mean()):.1f} blocks on average):")
-    print(f"{'after':>9}  {'KL(last)':>9}  {'top-1 = final':>13}" + (f"  {what}" if answered else ""))
-    mean_values = torch.stack(values).double().mean(0) if answered else None
-    for layer in range(L - 1, -1, -1):
-        tail = f"  {float(mean_values[layer]):+.4f}" if mean_values is not None else ""
-        print(f"{names.stream(layer):>9}  {float(kl[:, layer].double().mean()):>9.3f}  "
-              f"{float(agree[:, layer].mean()):>13.2f}{tail}")
+          f"{float(mean['first_top1']):.1f} blocks on average):")
+    print(f"{'after':>9}  {'KL(last)':>9}  {'top-1 = final':>13}" + (f"  {what}" if what else ""))
+    for layer in range(kl.size(1) - 1, -1, -1):
+        tail = f"  {float(mean['values'][layer]):+.4f}" if "values" in mean else ""
+        print(f"{names.stream(layer):>9}  {float(mean['kl'][layer]):>9.3f}  "
+              f"{float(mean['top1_is_final'][layer]):>13.2f}{tail}")
     if out:
-        print(f"wrote {args.out}/lens.json (every prompt and the mean), kl.png" + (", answer.png" if answered else ""))
+        print(f"wrote {args.out}/lens.json (every prompt and the mean), kl.png" + (", answer.png" if what else ""))
     return 0
 
 
@@ -192,10 +145,6 @@ def write_prompt_outputs(out: Path, data: dict, name: str, n: int) -> None:
     if "values" in mean:
         layer_curves({name: mean["values"]}, out / "answer.png", ylabel=data["what"],
                      title=f"{data['what']} at the last token, mean over {n} prompts")
-
-
-def _rounded(x: torch.Tensor) -> list[float]:
-    return [round(float(v), 6) for v in x]
 
 
 def lens_file(path: str) -> Path:

@@ -4,8 +4,8 @@ Copy each site of the clean run into the corrupted one and print how much of the
 (0..1), per block and position; --out writes patching.json and patching.png. With --prompts, a JSON-lines file
 of pairs: each pair's metric and its most restoring sites, then the maps of the whole dataset (the mean patched
 metric against the mean clean and corrupt ones, positions counted from each pair's last token;
-lumen.inspect.patching.PatchingSet); --out then writes every pair's maps and the mean ones, and the mean maps'
-PNG. --method attribution estimates every map from one forward and one backward pass
+lumen.inspect.datasets.patch_prompts, a PatchingSet per method); --out then writes every pair's maps and the
+mean ones, and the mean maps' PNG. --method attribution estimates every map from one forward and one backward pass
 (lumen.inspect.attribution_patching); both prints the two side by side with Pearson's r per site kind: how far
 the cheap estimate can be trusted on these prompts.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 
 from . import UserError
 from .models import add_model_argument, add_out_argument, load_with_tokenizer, output_dir
-from .prompts import Prompt, add_prompts_arguments, batches, padded, read_prompts, refuse_with_prompts, with_answers
+from .prompts import add_prompts_arguments, refuse_with_prompts
 
-METRICS = ("logit-diff", "logprob")
+METRICS = ("logit-diff", "logprob")   # (lumen.inspect.datasets.METRICS: the parser is built before it is imported)
 KINDS = ("resid_pre", "attn_out", "mlp_out", "head")
 METHODS = {"exact": ("exact",), "attribution": ("attribution",), "both": ("exact", "attribution")}
 LABELS = {"exact": "exact", "attribution": "attribution estimate"}
@@ -54,17 +54,16 @@ def answers(model, tok, clean: list[int], corrupt: list[int], answer: str | None
     """The two tokens the metric compares: given, or each prompt's own next-token prediction."""
     import torch
 
-    from ..inspect.attribution import single_token
-
     with torch.no_grad():
-        a = single_token(tok, answer, "--answer") if answer else int(model(torch.tensor([clean]))[0][0, -1].argmax())
-        b = single_token(tok, wrong, "--wrong") if wrong else int(model(torch.tensor([corrupt]))[0][0, -1].argmax())
+        a = tok.single_token(answer, "--answer") if answer else int(model(torch.tensor([clean]))[0][0, -1].argmax())
+        b = tok.single_token(wrong, "--wrong") if wrong else int(model(torch.tensor([corrupt]))[0][0, -1].argmax())
     if a == b:
         raise UserError(f"the answer and the wrong token are both {tok.decode([a])!r}: give --answer and --wrong")
     return a, b
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..inspect.datasets import metric_name
     from ..inspect.patching import logit_diff, logprob
 
     if args.prompts:
@@ -135,12 +134,6 @@ def write_out(out: Path, data: dict, found: dict, title: str) -> None:
         patching_plot(r, out / PLOTS[m], title=title + ("" if m == "exact" else " (attribution patching estimate)"))
 
 
-def metric_name(tok, metric: str, a: int, b: int | None) -> str:
-    if metric == "logit-diff":
-        return f"logit[{tok.decode([a])!r}] - logit[{tok.decode([b])!r}]"
-    return f"log p({tok.decode([a])!r})"
-
-
 def print_methods(maps: dict[str, dict], columns: list[str], agree: dict | None) -> None:
     """Each kind's map per method (exact, the attribution estimate, or both one after the other with their r)."""
     for kind in next(iter(maps.values())):
@@ -162,29 +155,18 @@ def print_maps(maps: dict, columns: list[str], label: str = "") -> None:
 
 
 def run_prompts(args: argparse.Namespace, model, tok) -> int:
-    """Patching on every pair of a file, batch by batch: each pair's metric and its best sites, then the mean maps."""
-    from ..inspect.patching import Patching, PatchingSet, logit_diff, logprob
-    from ..tokenizers import single_token
+    """Patching on every pair of a file (lumen.inspect.datasets.patch_prompts): each pair's metric and its best
+    sites, then the mean maps."""
+    from ..inspect.datasets import patch_prompts
+    from ..inspect.patching import PatchingSet
+    from ..prompts import read_prompts, with_answers
 
     prompts = read_prompts(args.prompts, tok, model.cfg.context, pairs=True)
-    answer = single_token(tok, args.answer, "--answer") if args.answer else None
-    wrong = single_token(tok, args.wrong, "--wrong") if args.wrong else None
+    answer = tok.single_token(args.answer, "--answer") if args.answer else None
+    wrong = tok.single_token(args.wrong, "--wrong") if args.wrong else None
     prompts = with_answers(prompts, answer, wrong, args.prompts)
-    found: dict[str, list[Patching]] = {m: [] for m in METHODS[args.method]}
-    for group in batches(prompts, args.batch_size, model.cfg.vocab_size):
-        pairs = [_answers(args, model, tok, p, own) for p, own in zip(group, _predictions(model, group))]
-        metrics = [logit_diff(a, b) if args.metric == "logit-diff" else logprob(a) for a, b in pairs]
-        for method, kept in found.items():
-            try:
-                result = patched(method, model, padded(group).to(model.device),
-                                 padded(group, corrupt=True).to(model.device), metrics, args.kinds, tok)
-            except UserError as e:
-                lines = ", ".join(str(p.line) for p in group)
-                raise UserError(f"{args.prompts}, the pairs of lines {lines}: {e}") from None
-            for r, (a, b) in zip(result.pairs, pairs):
-                r.metric_name = metric_name(tok, args.metric, a, b)
-            kept += result.pairs
-    sets = {m: PatchingSet(pairs) for m, pairs in found.items()}
+    sets = patch_prompts(model, prompts, args.metric, args.kinds, METHODS[args.method], tok, args.batch_size,
+                         source=args.prompts)
     name = "logit[answer] - logit[wrong]" if args.metric == "logit-diff" else "log p(answer)"
 
     def to_dict(dataset: PatchingSet) -> dict:
@@ -196,21 +178,16 @@ def run_prompts(args: argparse.Namespace, model, tok) -> int:
         return data
 
     data = report(sets, to_dict)
-    first = next(iter(sets.values())).pairs
-    T = min(len(p.ids) for p in prompts)
-    columns = [str(t) for t in range(-T, 0)]
+    means = {m: s.averaged(name) for m, s in sets.items()}
+    n = len(prompts)
     if args.out:
-        means = {m: Patching(columns, [], sum(r.clean_metric for r in s.pairs) / len(s.pairs),
-                             sum(r.corrupt_metric for r in s.pairs) / len(s.pairs),
-                             {kind: s.mean(kind) for kind in first[0].maps}, name, first[0].layers, m)
-                 for m, s in sets.items()}
-        write_out(Path(args.out), data, means, f"{model.cfg.name}: restoring {name}, mean over {len(first)} pairs")
+        write_out(Path(args.out), data, means, f"{model.cfg.name}: restoring {name}, mean over {n} pairs")
     if args.json:
         print(json.dumps(data, ensure_ascii=False))
         return 0
     what = {"exact": "activation patching", "attribution": "attribution patching (the first-order estimate)",
             "both": "activation patching, exact and attribution patching's estimate side by side,"}[args.method]
-    print(f"{what} on {len(first)} pairs of {args.prompts}: the fraction of clean - corrupt each site restores")
+    print(f"{what} on {n} pairs of {args.prompts}: the fraction of clean - corrupt each site restores")
     for method, dataset in sets.items():
         for p, r in zip(prompts, dataset.pairs):
             best = []
@@ -222,38 +199,14 @@ def run_prompts(args: argparse.Namespace, model, tok) -> int:
             tag = f" ({LABELS[method]})" if len(sets) > 1 else ""
             print(f"line {p.line:>4}{tag}: {r.metric_name}: clean {r.clean_metric:.4f}, corrupt "
                   f"{r.corrupt_metric:.4f}; most restored: {'; '.join(best)}")
-    clean = sum(r.clean_metric for r in first) / len(first)
-    corrupt = sum(r.corrupt_metric for r in first) / len(first)
-    print(f"\nmean over the {len(first)} pairs ({name}): clean {clean:.4f}, corrupt {corrupt:.4f}; each cell: "
-          "(mean patched - mean corrupt) / (mean clean - mean corrupt); positions counted from each pair's end")
-    print_methods({m: {kind: s.mean(kind) for kind in first[0].maps} for m, s in sets.items()}, columns,
-                  data.get("agreement"))
+    first = next(iter(means.values()))
+    print(f"\nmean over the {n} pairs ({name}): clean {first.clean_metric:.4f}, corrupt {first.corrupt_metric:.4f}; "
+          "each cell: (mean patched - mean corrupt) / (mean clean - mean corrupt); positions counted from each pair's "
+          "end")
+    print_methods({m: r.maps for m, r in means.items()}, first.clean_tokens, data.get("agreement"))
     if args.out:
         print(f"\nwrote {args.out}/{', '.join(written(sets))}")
     return 0
-
-
-def _predictions(model, group: list[Prompt]) -> list[tuple[int, int]]:
-    """Each pair's own next-token predictions at its last token: (clean, corrupt)."""
-    import torch
-
-    found = []
-    with torch.no_grad():
-        for corrupt in (False, True):
-            b = padded(group, corrupt).to(model.device)
-            logits, _ = model(b.ids, mask=b.mask)
-            found.append(logits[torch.arange(len(b)), b.last].argmax(-1).tolist())
-    return list(zip(*found))
-
-
-def _answers(args: argparse.Namespace, model, tok, p: Prompt, own: tuple[int, int]) -> tuple[int, int]:
-    """A pair's answer and wrong token: the file's (or the command line's), else each prompt's own prediction."""
-    a = p.answer if p.answer is not None else own[0]
-    b = p.wrong if p.wrong is not None else own[1]
-    if args.metric == "logit-diff" and a == b:
-        raise UserError(f"{args.prompts}, line {p.line}: the answer and the wrong token are both {tok.decode([a])!r}: "
-                        "give \"answer\" and \"wrong\" in the file")
-    return a, b
 
 
 def _finite(r: float) -> float | None:

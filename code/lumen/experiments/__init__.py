@@ -3,8 +3,11 @@ figures) that the runner writes as table.md, numbers.json and PNGs.
 
     >>> result = run("init-scaling", quick=True, seed=0, out="runs/experiments")   # doctest: +SKIP
 
-Each module has NAME, CLAIM and `run(quick: bool, seed: int) -> Result`; the numbers are deterministic
-for a seed on one machine (wall times aside). A quick run is a smoke run: it draws no conclusion (see SMOKE).
+Each module has NAME, CLAIM and `run(quick: bool, seed: int) -> Result`, in one shape: SIZES holds a typed
+Size for the full and the quick run; `measure(size, seed)` trains and measures and returns the numbers (plain
+JSON); `tables`, `verdict` and `draw` read only those numbers (and the size); `run` composes them (ioi.py names
+its measuring `study`). The numbers are deterministic for a seed on one machine (wall times aside). A quick run
+is a smoke run: it draws no conclusion (see SMOKE).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ as the formula assumes (a causal kernel that skips the masked half does about ha
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -30,10 +30,17 @@ QUICK_CONCLUDES = True
 
 # FlopCounterMode on the meta device runs every op through Python, so the quick size measures the small
 # presets only (the formula rows for the large ones are the same code)
-SIZES: dict[bool, dict[str, Any]] = {
-    False: dict(contexts=[2**k for k in range(7, 16)], context=1024, presets=tuple(PRESETS),
+class Size(TypedDict):
+    contexts: list[int]       # the context sweep of the attention core's share
+    context: int              # the context of the per-preset count (or the preset's own, if shorter)
+    presets: tuple[str, ...]  # the presets whose FLOPs are counted
+    sweep: tuple[str, ...]    # the presets swept over contexts
+
+
+SIZES = {
+    False: Size(contexts=[2**k for k in range(7, 16)], context=1024, presets=tuple(PRESETS),
                 sweep=("gpt2", "smollm2-135m", "llama3-70b")),
-    True: dict(contexts=[256, 8192], context=1024, presets=("gpt2", "baby-gpt", "baby-llama", "smollm2-135m"),
+    True: Size(contexts=[256, 8192], context=1024, presets=("gpt2", "baby-gpt", "baby-llama", "smollm2-135m"),
                sweep=("gpt2", "smollm2-135m")),
 }
 
@@ -66,33 +73,49 @@ def measured_flops(model: GPT, context: int, backward: bool = False) -> dict[str
             "backward": (counter.get_total_flops() - forward) / context if backward else float("nan")}
 
 
-def run(quick: bool, seed: int) -> Result:
-    s = SIZES[quick]
-    rows, per_preset, models = [], {}, {}
+def measure(size: Size, seed: int) -> dict:
+    """Every preset counted (formula, exact tensors, FLOPs predicted and measured), and the sweep's FLOPs."""
+    s = size
+    per_preset: dict[str, dict] = {}
+    models = {}
     for name in s["presets"]:
         cfg = PRESETS[name]
         L = min(s["context"], cfg.context)
         f, c = formula(cfg), count(cfg)
-        predicted = forward_flops_per_token(cfg, L)
         model = models[name] = meta_model(cfg, max(s["contexts"]))
-        m = measured_flops(model, L, backward=True)
         per_preset[name] = {"context": L, "formula_non_embedding": f.non_embedding, "exact_non_embedding":
                             c.non_embedding, "exact_total": c.total, "matmul_weights": c.matmul,
-                            "predicted": predicted, "measured": m}
-        rows.append([name, f.block / cfg.d_model**2, f.non_embedding, c.non_embedding, c.total, L,
-                     predicted["total"], m["forward"], m["forward"] / predicted["total"],
-                     m["backward"] / m["forward"]])
+                            "predicted": forward_flops_per_token(cfg, L), "measured": measured_flops(model, L, True)}
+    sweep: dict[str, list] = {}
+    for name in s["sweep"]:
+        cfg = PRESETS[name]
+        pts = [measured_flops(models[name], L) for L in s["contexts"]]
+        sweep[name] = [{"context": L, **p} for L, p in zip(s["contexts"], pts)]
+        core_per_L = pts[-1]["attention_core"] / s["contexts"][-1]        # the core grows linearly in L
+        blocks_weights = 2 * count(cfg).matmul - 2 * cfg.d_model * cfg.vocab_size
+        sweep[name + "_crossover"] = [round(blocks_weights / core_per_L), round(pts[-1]["weights"] / core_per_L)]
+    bf = sum(p["measured"]["backward"] for p in per_preset.values()) / sum(
+        p["measured"]["forward"] for p in per_preset.values())
+    share_1024 = per_preset["gpt2"]["measured"]["attention_core"] / (2 * count(ModelConfig.from_name("gpt2"))
+                                                                     .non_embedding)
+    return {"presets": per_preset, "context_sweep": sweep, "backward_forward": bf, "gpt2_core_share_1024": share_1024}
+
+
+def tables(n: dict, s: Size) -> list[Table]:
+    per_preset, bf, share_1024 = n["presets"], n["backward_forward"], n["gpt2_core_share_1024"]
+    rows = []
+    for name, p in per_preset.items():
+        cfg, m = PRESETS[name], p["measured"]
+        rows.append([name, formula(cfg).block / cfg.d_model**2, p["formula_non_embedding"], p["exact_non_embedding"],
+                     p["exact_total"], p["context"], p["predicted"]["total"], m["forward"],
+                     m["forward"] / p["predicted"]["total"], m["backward"] / m["forward"]])
     presets = Table("Every preset: formula against exact tensors, and forward FLOPs per token (2 x matmul weights + "
                     "4Ld per layer) against FlopCounterMode",
                     ["preset", "block / d^2", "formula N (non-emb.)", "exact N (non-emb.)", "exact total",
                      "L", "FLOPs/token: formula", "FLOPs/token: measured", "measured/formula", "backward/forward"],
                     rows)
-
     gpt2, llama = ModelConfig.from_name("gpt2"), ModelConfig.from_name("llama3-70b")
-    share_1024 = per_preset["gpt2"]["measured"]["attention_core"] / (2 * count(gpt2).non_embedding)
     swiglu = ModelConfig(d_model=768, n_heads=12, mlp="swiglu", d_ff=8 * 768 // 3)
-    bf = sum(p["measured"]["backward"] for p in per_preset.values()) / sum(
-        p["measured"]["forward"] for p in per_preset.values())
     worked = Table("The chapter's worked numbers", ["claim", "chapter", "lumen"], [
         ["GPT-2 small non-embedding parameters", "85M", f"{count(gpt2).non_embedding / 1e6:.1f}M exact, "
                                                        f"{formula(gpt2).non_embedding / 1e6:.1f}M formula"],
@@ -105,33 +128,35 @@ def run(quick: bool, seed: int) -> Result:
         ["6ND: GPT-2 small, 10B tokens", "~5e18", f"{training_flops(85e6, 10e9):.2g}"],
         ["6ND: 70B model, 15T tokens", "~6e24", f"{training_flops(70e9, 15e12):.2g}"],
     ])
-
-    sweep, cross_rows = {}, []
-    for name in s["sweep"]:
-        cfg = PRESETS[name]
-        pts = [measured_flops(models[name], L) for L in s["contexts"]]
-        sweep[name] = [{"context": L, **p} for L, p in zip(s["contexts"], pts)]
-        core_per_L = pts[-1]["attention_core"] / s["contexts"][-1]        # the core grows linearly in L
-        blocks_weights = 2 * count(cfg).matmul - 2 * cfg.d_model * cfg.vocab_size
-        cross_rows.append([name, cfg.d_model, round(blocks_weights / core_per_L),
-                           round(pts[-1]["weights"] / core_per_L), 6 * cfg.d_model])
-        sweep[name + "_crossover"] = cross_rows[-1][2:4]
     cross = Table("Context at which the attention core's FLOPs equal the weight matmuls' (measured)",
                   ["preset", "d", "vs the blocks' weights", "vs all weights incl. unembedding",
-                   "chapter's formula: 12d^2 = ... at L = 6d"], cross_rows)
+                   "chapter's formula: 12d^2 = ... at L = 6d"],
+                  [[name, PRESETS[name].d_model, *n["context_sweep"][name + "_crossover"], 6 * PRESETS[name].d_model]
+                   for name in s["sweep"]])
+    return [worked, presets, cross]
 
+
+def verdict(n: dict, s: Size) -> str:
+    per_preset, bf = n["presets"], n["backward_forward"]
     all_exact = all(abs(p["measured"]["forward"] / p["predicted"]["total"] - 1) < 1e-9 for p in per_preset.values())
-    g = next(r for r in cross_rows if r[0] == "gpt2")
-    verdict = ((f"The forward FLOPs formula equals FlopCounterMode's count exactly for all {len(per_preset)} "
-                "presets measured" if all_exact
-                else "The forward FLOPs formula does NOT equal FlopCounterMode's count for every preset")
-               + f"; the backward pass measures {bf:.2f}x the forward (training = {1 + bf:.2f}x forward, the 6ND "
-               f"rule). The attention core adds {share_1024:.0%} for GPT-2 small at L=1024 (the chapter: about 20%) "
-               f"and overtakes the blocks' weight matmuls at L ~ {g[2]:,} (= 6d), so at long contexts it dominates.")
-    notes = ["FLOPs counted with the readable attention path on the meta device; a causal flash kernel skips the "
-             "masked half of QK^T and AV, so real kernels do about half the core's counted work.",
-             "Exact counts include biases and norms; the formula ignores them (O(d) per block)."]
+    crossover = n["context_sweep"]["gpt2_crossover"][0]
+    return ((f"The forward FLOPs formula equals FlopCounterMode's count exactly for all {len(per_preset)} "
+             "presets measured" if all_exact
+             else "The forward FLOPs formula does NOT equal FlopCounterMode's count for every preset")
+            + f"; the backward pass measures {bf:.2f}x the forward (training = {1 + bf:.2f}x forward, the 6ND "
+            f"rule). The attention core adds {n['gpt2_core_share_1024']:.0%} for GPT-2 small at L=1024 (the chapter: "
+            f"about 20%) and overtakes the blocks' weight matmuls at L ~ {crossover:,} (= 6d), so at long contexts it "
+            "dominates.")
 
+
+NOTES = ["FLOPs counted with the readable attention path on the meta device; a causal flash kernel skips the masked "
+         "half of QK^T and AV, so real kernels do about half the core's counted work.",
+         "Exact counts include biases and norms; the formula ignores them (O(d) per block)."]
+
+
+def draw(n: dict, s: Size):
+    """The attention core's share against the context, and backward / forward per preset."""
+    per_preset, sweep = n["presets"], n["context_sweep"]
     fig, (ax1, ax2) = figure(2, 5.5, 4)
     for name in s["sweep"]:
         Ls = [p["context"] for p in sweep[name]]
@@ -140,14 +165,18 @@ def run(quick: bool, seed: int) -> Result:
     ax1.set(xscale="log", yscale="log", xlabel="context L", ylabel="attention core / weight matmuls",
             title="attention core share")
     names = list(per_preset)
-    ax2.bar(range(len(names)), [per_preset[n]["measured"]["backward"] / per_preset[n]["measured"]["forward"]
-                                for n in names])
+    ax2.bar(range(len(names)), [per_preset[k]["measured"]["backward"] / per_preset[k]["measured"]["forward"]
+                                for k in names])
     ax2.axhline(2, color="gray", lw=0.8)
     ax2.set_xticks(range(len(names)), names, rotation=45, ha="right")
     ax2.set(ylabel="backward / forward FLOPs", title="measured backward/forward")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
     ax1.legend()
-    numbers = {"presets": per_preset, "context_sweep": sweep, "backward_forward": bf,
-               "gpt2_core_share_1024": share_1024}
-    return Result(NAME, CLAIM, [worked, presets, cross], verdict, numbers, {"accounting": fig}, notes)
+    return fig
+
+
+def run(quick: bool, seed: int) -> Result:
+    size = SIZES[quick]
+    n = measure(size, seed)
+    return Result(NAME, CLAIM, tables(n, size), verdict(n, size), n, {"accounting": draw(n, size)}, list(NOTES))

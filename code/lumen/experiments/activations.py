@@ -3,14 +3,12 @@ ReLU units are dead (never positive on a batch)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from .. import names
 from ..config import ModelConfig
 from ..inspect import run_with_cache
-from .fit import sample_batch, shakespeare, train_lm
+from .fit import TrainingSize, sample_batch, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -19,9 +17,14 @@ CLAIM = ("ReLU's hard corner gives exactly zero gradient below zero, so units ca
          "smooth and train a little more smoothly; in practice the three give similar results. SwiGLU with "
          "d_ff = 8/3 d has the same parameters as a 4d MLP.")
 
-SIZES: dict[bool, dict[str, Any]] = {
-    False: dict(d=96, layers=3, steps=300, batch=16, lr=2e-3, eval_windows=64, dead_batch=64),
-    True: dict(d=48, layers=2, steps=30, batch=8, lr=2e-3, eval_windows=16, dead_batch=16),
+
+class Size(TrainingSize):
+    dead_batch: int   # validation windows on which a ReLU unit that is never positive counts as dead
+
+
+SIZES = {
+    False: Size(d=96, layers=3, steps=300, batch=16, lr=2e-3, eval_windows=64, dead_batch=64),
+    True: Size(d=48, layers=2, steps=30, batch=8, lr=2e-3, eval_windows=16, dead_batch=16),
 }
 # label -> (mlp kind, activation, hidden width as a multiple of d): 2 d (4d) = 3 d (8/3 d) weights each
 VARIANTS = {"ReLU": ("mlp", "relu", 4), "GELU": ("mlp", "gelu", 4), "SiLU": ("mlp", "silu", 4),
@@ -37,12 +40,13 @@ def dead_fraction(model, x: torch.Tensor) -> float:
     return 1 - torch.cat(alive).float().mean().item()
 
 
-def run(quick: bool, seed: int) -> Result:
-    s = SIZES[quick]
+def measure(size: Size, seed: int) -> dict:
+    """Each MLP variant trained: its parameters, losses, and (ReLU) dead units before and after."""
+    s = size
     data = shakespeare()
     T, d = 64, s["d"]
     x, _ = sample_batch(data, "val", s["dead_batch"], T, seed)
-    results: dict[str, dict[str, Any]] = {}
+    found = {}
     for label, (mlp, act, mult) in VARIANTS.items():
         cfg = ModelConfig(vocab_size=data.tokenizer.vocab_size, context=T, d_model=d, n_layers=s["layers"], n_heads=4,
                           mlp=mlp, activation=act, d_ff=round(mult * d), bias=False)
@@ -53,30 +57,41 @@ def run(quick: bool, seed: int) -> Result:
         hist = train_lm(model, data, s["steps"], lr=s["lr"], warmup=s["steps"] // 10, batch_size=s["batch"],
                         seed=seed, eval_windows=s["eval_windows"])
         dead1 = dead_fraction(model, x) if dead0 is not None else None
-        results[label] = dict(params=params, hist=hist, dead_init=dead0, dead_trained=dead1)
+        found[label] = {"params": params, "val": hist.final_val, "final_loss": hist.final_loss, "dead_init": dead0,
+                        "dead_trained": dead1, "loss": hist.loss}
+    return found
 
-    rows = [[k, r["params"], r["hist"].final_loss, r["hist"].final_val,
-             "" if r["dead_init"] is None else r["dead_init"], "" if r["dead_trained"] is None else r["dead_trained"]]
-            for k, r in results.items()]
-    table = Table(f"{s['layers']} layers, d={d}, {s['steps']} steps on Shakespeare (characters), no biases",
+
+def tables(n: dict, s: Size) -> list[Table]:
+    rows = [[k, r["params"], r["final_loss"], r["val"], "" if r["dead_init"] is None else r["dead_init"],
+             "" if r["dead_trained"] is None else r["dead_trained"]] for k, r in n.items()]
+    return [Table(f"{s['layers']} layers, d={s['d']}, {s['steps']} steps on Shakespeare (characters), no biases",
                   ["MLP", "parameters", "train loss", "val loss", "dead ReLU units at init", "dead after training"],
-                  rows)
-    vals = {k: r["hist"].final_val for k, r in results.items()}
+                  rows)]
+
+
+def verdict(n: dict, s: Size) -> str:
+    vals = {k: r["val"] for k, r in n.items()}
     best, worst = min(vals, key=vals.__getitem__), max(vals, key=vals.__getitem__)
-    relu = results["ReLU"]
-    same_params = len({r["params"] for r in results.values()}) == 1
-    verdict = (f"Validation losses span {vals[worst] - vals[best]:.3f} nats (best {best} {vals[best]:.3f}, worst "
-               f"{worst} {vals[worst]:.3f})"
-               + (": the activations give similar results, as the chapter says" if vals[worst] - vals[best] < 0.05
-                  else "")
-               + f". Dead ReLU units: {relu['dead_init']:.1%} at init, {relu['dead_trained']:.1%} after training"
-               + (" (few: dead units need higher learning rates or longer training than this budget to appear)"
-                  if relu["dead_trained"] < 0.05 else "")
-               + (". All four have exactly the same parameter count." if same_params else
-                  ". (SwiGLU's 8/3 d is rounded, so counts differ slightly.)"))
+    relu = n["ReLU"]
+    same_params = len({r["params"] for r in n.values()}) == 1
+    return (f"Validation losses span {vals[worst] - vals[best]:.3f} nats (best {best} {vals[best]:.3f}, worst "
+            f"{worst} {vals[worst]:.3f})"
+            + (": the activations give similar results, as the chapter says" if vals[worst] - vals[best] < 0.05
+               else "")
+            + f". Dead ReLU units: {relu['dead_init']:.1%} at init, {relu['dead_trained']:.1%} after training"
+            + (" (few: dead units need higher learning rates or longer training than this budget to appear)"
+               if relu["dead_trained"] < 0.05 else "")
+            + (". All four have exactly the same parameter count." if same_params else
+               ". (SwiGLU's 8/3 d is rounded, so counts differ slightly.)"))
+
+
+def draw(n: dict, s: Size):
+    """Each variant's training loss, and the validation losses side by side."""
+    vals = {k: r["val"] for k, r in n.items()}
     fig, (ax1, ax2) = figure(2, 5.5, 4)
-    for k, r in results.items():
-        ax1.plot(r["hist"].loss, lw=0.8, label=k)
+    for k, r in n.items():
+        ax1.plot(r["loss"], lw=0.8, label=k)
     ax1.set(xlabel="step", ylabel="training loss", title="training loss")
     ax2.bar(list(vals), list(vals.values()))
     ax2.set(ylabel="validation loss", title="validation loss",
@@ -84,7 +99,10 @@ def run(quick: bool, seed: int) -> Result:
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
     ax1.legend()
-    numbers = {k: {"params": r["params"], "val": r["hist"].final_val, "final_loss": r["hist"].final_loss,
-                   "dead_init": r["dead_init"], "dead_trained": r["dead_trained"], "loss": r["hist"].loss}
-               for k, r in results.items()}
-    return Result(NAME, CLAIM, [table], verdict, numbers, {"activations": fig})
+    return fig
+
+
+def run(quick: bool, seed: int) -> Result:
+    size = SIZES[quick]
+    n = measure(size, seed)
+    return Result(NAME, CLAIM, tables(n, size), verdict(n, size), n, {"activations": draw(n, size)})

@@ -1,30 +1,39 @@
 """Training for the experiments: `train_lm` runs lumen's own loop (lumen.train.train) on a model and a
-tokenized corpus; `fit` is the small adapter for what that loop does not read, a synthetic task whose
-batches come from a function (it reuses lumen.train's optimizer, schedule and step: clip, then AdamW).
+tokenized corpus, or a synthetic task in a corpus's shape (TaskData: windows drawn from a function).
 
     >>> hist = train_lm(model, shakespeare(), steps=200, lr=1e-3)                # doctest: +SKIP
-    >>> hist = fit(model, lambda step: task.batch(16), steps=200, lr=1e-3)       # doctest: +SKIP
+    >>> hist = train_lm(model, TaskData(task.sequence, 18, 16), steps=200)      # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from ..data import TokenData, prepare
+from ..errors import UserError
 from ..model import GPT
+from ..tokenizers import CharTokenizer
 from ..train import TrainConfig, TrainingError, train
-from ..train.optim import clip_and_step, lr_at, make_optimizer, set_lr
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+class TrainingSize(TypedDict):
+    """What every experiment that trains small models on Shakespeare sizes (its Size adds its own fields)."""
+
+    d: int              # the models' width
+    layers: int         # and depth
+    steps: int          # training steps
+    batch: int          # windows per step
+    lr: float           # peak learning rate
+    eval_windows: int   # validation windows
+
 
 # the running experiment's progress bar (lumen.experiments.run sets it): it counts the training steps taken
 BAR = None
@@ -59,48 +68,37 @@ class History:
         return statistics.median(self.step_seconds) if self.step_seconds else float("nan")
 
 
-def fit(
-    model: nn.Module,
-    batch: Callable[[int], Batch],
-    steps: int,
-    lr: float = 1e-3,
-    warmup: int = 0,
-    min_lr: float | None = None,
-    weight_decay: float = 0.1,
-    grad_clip: float = 1.0,
-    evaluate: Callable[[nn.Module], float] | None = None,
-    eval_every: int = 0,
-) -> History:
-    """AdamW with warm-up then cosine decay (lumen.train.optim) on model(x, y)'s loss for `steps` steps.
+class TaskData(TokenData):
+    """A synthetic task in the shape of a tokenized corpus, so that lumen's training loop (lumen.train.train)
+    reads it as it reads Shakespeare: each window is sample(generator) -> (inputs, targets), each (context,),
+    drawn from a generator seeded by the window's start. The loop's own data position draws the starts, so a
+    seed repeats a run; the validation windows are a fixed set of their own. One character per token.
 
-    batch(step) gives the step's (inputs, targets); evaluate(model) a validation loss, called every
-    `eval_every` steps and at the end. A NaN or inf loss stops training and marks the history diverged."""
-    opt = make_optimizer(model, lr, weight_decay, (0.9, 0.95))
-    min_lr = lr / 10 if min_lr is None else min_lr
-    hist = History()
-    model.train()
-    for step in range(steps):  # lumen.train.loop's step, on batches from a function
-        t0 = time.perf_counter()
-        set_lr(opt, lr_at(step, lr, min_lr, warmup, steps))
-        x, y = batch(step)
-        _, loss = model(x, y)
-        if not math.isfinite(loss.item()):
-            hist.diverged = True
-            break
-        loss.backward()
-        if not math.isfinite(clip_and_step(opt, model, grad_clip)):
-            hist.diverged = True
-            break
-        hist.step_seconds.append(time.perf_counter() - t0)
-        hist.loss.append(loss.item())
-        _stepped()
-        if evaluate is not None and eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            hist.val.append((step + 1, evaluate(model)))
-            model.train()
-    if evaluate is not None and not hist.diverged:
-        hist.val.append((len(hist.loss), evaluate(model)))
-    model.eval()
-    return hist
+        >>> data = TaskData(lambda gen: task.sequence(gen), vocab_size=18, context=16)   # doctest: +SKIP
+    """
+
+    VAL = 2**40   # validation windows' seeds start here (the training windows' lie below)
+
+    def __init__(self, sample: Callable[[torch.Generator], Batch], vocab_size: int, context: int):
+        self.sample, self.context = sample, context
+        self.tokenizer = CharTokenizer([chr(0x100 + i) for i in range(vocab_size)])
+
+    def check_context(self, context: int) -> None:
+        if context != self.context:
+            raise UserError(f"this task's windows are {self.context} tokens; the model's context is {context}")
+
+    def batch(self, split: str, starts: torch.Tensor, context: int) -> Batch:
+        pairs = [self.sample(torch.Generator().manual_seed(int(s))) for s in starts]
+        return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+
+    def random_starts(self, split: str, context: int, count: int, generator: torch.Generator) -> torch.Tensor:
+        return torch.randint(self.VAL, (count,), generator=generator)
+
+    def even_starts(self, split: str, context: int, count: int) -> torch.Tensor:
+        return self.VAL + torch.arange(count)
+
+    def chars(self, split: str, starts: torch.Tensor, context: int) -> int:
+        return len(starts) * context
 
 
 def train_lm(
@@ -115,7 +113,7 @@ def train_lm(
     evals: int = 1,
     train_tokens: int | None = None,
 ) -> History:
-    """Train `model` on a tokenized corpus with lumen's own loop (lumen.train.train: AdamW, warm-up then
+    """Train `model` on a tokenized corpus (or a TaskData) with lumen's own loop (lumen.train.train: AdamW, warm-up then
     cosine to lr/10, clipping at 1, fp32, nothing saved), and return its History. A NaN/inf loss ends
     the run as diverged. train_tokens: draw windows from only the first train_tokens training tokens
     (a small slice, seen many times); `evals` validations spread over the run (the last at the end)."""

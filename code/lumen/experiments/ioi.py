@@ -167,9 +167,7 @@ def by_role(patched: PatchingSet, roles: list[dict[str, int]]) -> torch.Tensor:
     metric - mean corrupt) / (mean clean - mean corrupt), with prompts aligned at their roles, not their columns."""
     vals = torch.stack([torch.stack([p.values("resid_pre")[:, r[role]] for role in ROLES], -1)
                         for p, r in zip(patched.pairs, roles)]).mean(0)
-    clean = sum(p.clean_metric for p in patched.pairs) / len(patched.pairs)
-    corrupt = sum(p.corrupt_metric for p in patched.pairs) / len(patched.pairs)
-    return (vals - corrupt) / (clean - corrupt)
+    return (vals - patched.corrupt_metric) / (patched.clean_metric - patched.corrupt_metric)
 
 
 def every_cell(patched: PatchingSet) -> torch.Tensor:

@@ -5,7 +5,7 @@ become top-1?"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -43,8 +43,13 @@ def is_filler(token: str) -> bool:
     return not any(c.isalnum() for c in t) or t in FUNCTION_WORDS
 
 
-SIZES: dict[bool, dict[str, Any]] = {False: dict(prompts=len(PROMPTS), windows=8, seq_len=128),
-                                     True: dict(prompts=4, windows=2, seq_len=48)}
+class Size(TypedDict):
+    prompts: int   # SmolLM2 prompts read (the first of PROMPTS)
+    windows: int   # Shakespeare windows the small trained model reads
+    seq_len: int   # of this many tokens (at most its context)
+
+
+SIZES = {False: Size(prompts=len(PROMPTS), windows=8, seq_len=128), True: Size(prompts=4, windows=2, seq_len=48)}
 
 
 def settled(top1: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
@@ -60,8 +65,10 @@ def first(top1: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
     return (top1 == final).float().argmax(0)
 
 
-def run(quick: bool, seed: int) -> Result:
-    s = SIZES[quick]
+def measure(size: Size, seed: int, quick: bool = False) -> dict:
+    """The lens at the last position of each SmolLM2 prompt, and at every position of the small trained model's
+    windows: where the final top-1 first appears and settles, and how often a layer's top-1 is the input token."""
+    s = size
     model, tok = smollm2()
     n = len(model.blocks)
     rows, per_layer_answer, per_layer_copy = [], torch.zeros(n + 1), torch.zeros(n + 1)
@@ -81,12 +88,8 @@ def run(quick: bool, seed: int) -> Result:
         middle.append(r.top_tokens(n // 2)[-1])
         rows.append([prompt, repr(said), "yes" if said == expected else f"no ({expected!r})", f, st,
                      repr(middle[-1]), repr(r.top_tokens(1)[-1])])
-    filler = sum(map(is_filler, middle)) / len(middle)
     per_layer_answer /= len(prompts)
     per_layer_copy /= len(prompts)
-    t1 = Table(f"SmolLM2-135M ({n} layers): the last position of each prompt",
-               ["prompt", "model says", "expected?", "first layer top-1", "settled from layer",
-                f"top-1 at layer {n // 2}", "top-1 at layer 1"], rows)
 
     cm, ctok, _ = trained_char_model(quick, seed)
     windows = token_windows(ctok, "shakespeare", "val", n=s["windows"], seq_len=min(s["seq_len"], cm.cfg.context),
@@ -100,43 +103,65 @@ def run(quick: bool, seed: int) -> Result:
         settled_parts.append(settled(top1, top1[-1]).float())
         c_answer += (top1 == top1[-1]).float().mean(1)
         c_copy += (top1 == w).float().mean(1)
-    c_first, c_settled = torch.cat(first_parts), torch.cat(settled_parts)
     c_answer /= len(windows)
     c_copy /= len(windows)
-    mean_first = sum(first_layers) / len(first_layers)
-    mean_settled = sum(settled_layers) / len(settled_layers)
+    return {"smollm2": {"rows": rows, "mean_first_layer": sum(first_layers) / len(first_layers),
+                        "mean_settled_layer": sum(settled_layers) / len(settled_layers), "n_layers": n,
+                        "answer_top1_by_layer": per_layer_answer.tolist(),
+                        "input_top1_by_layer": per_layer_copy.tolist(),
+                        "middle_filler_fraction": sum(map(is_filler, middle)) / len(middle)},
+            "trained": {"mean_first_layer": float(torch.cat(first_parts).mean()),
+                        "mean_settled_layer": float(torch.cat(settled_parts).mean()), "n_layers": cn,
+                        "answer_top1_by_layer": c_answer.tolist(), "input_top1_by_layer": c_copy.tolist()}}
+
+
+def tables(n: dict, s: Size) -> list[Table]:
+    big, small = n["smollm2"], n["trained"]
+    L, cn = big["n_layers"], small["n_layers"]
+    t1 = Table(f"SmolLM2-135M ({L} layers): the last position of each prompt",
+               ["prompt", "model says", "expected?", "first layer top-1", "settled from layer",
+                f"top-1 at layer {L // 2}", "top-1 at layer 1"], big["rows"])
     t2 = Table("When the final top-1 first appears (mean over positions / prompts; layer 0 = the embedding)",
                ["model", "layers", "first top-1 layer", "settled from layer", "as a fraction of depth",
                 "top-1 = input token at layer 0", "... at the middle layer"],
-               [["SmolLM2-135M", n, mean_first, mean_settled, mean_settled / n, float(per_layer_copy[0]),
-                 float(per_layer_copy[n // 2])],
-                ["trained lumen (chars)", cn, float(c_first.mean()), float(c_settled.mean()),
-                 float(c_settled.mean()) / cn, float(c_copy[0]), float(c_copy[cn // 2])]])
-    verdict = (f"On SmolLM2 the final answer becomes the lens's top-1 on average at layer {mean_first:.1f} and stays "
-               f"from layer {mean_settled:.1f} of {n} ({mean_settled / n:.0%} of the depth)"
-               + (": only the last few layers converge on it, as the chapter says (at the middle layer "
-                  f"{filler:.0%} of the prompts' top-1 tokens are spaces, punctuation or function words rather than "
-                  "plausible answers; Belrose et al. (2023) found the logit lens reads models other than GPT-2 "
-                  "poorly before the last layers and proposed the tuned lens)"
-                  if mean_settled / n > 0.8 else ", earlier than the chapter's story suggests")
-               + f". Early layers echo the surface form: at layer 0 the top-1 is the input token itself for "
-               f"{per_layer_copy[0]:.0%} of prompts. On the small trained model the prediction settles at "
-               f"{float(c_settled.mean()) / cn:.0%} of its {cn}-layer depth on average.")
+               [["SmolLM2-135M", L, big["mean_first_layer"], big["mean_settled_layer"], big["mean_settled_layer"] / L,
+                 big["input_top1_by_layer"][0], big["input_top1_by_layer"][L // 2]],
+                ["trained lumen (chars)", cn, small["mean_first_layer"], small["mean_settled_layer"],
+                 small["mean_settled_layer"] / cn, small["input_top1_by_layer"][0],
+                 small["input_top1_by_layer"][cn // 2]]])
+    return [t1, t2]
+
+
+def verdict(n: dict, s: Size) -> str:
+    big, small = n["smollm2"], n["trained"]
+    L, mean_settled = big["n_layers"], big["mean_settled_layer"]
+    return (f"On SmolLM2 the final answer becomes the lens's top-1 on average at layer {big['mean_first_layer']:.1f} "
+            f"and stays from layer {mean_settled:.1f} of {L} ({mean_settled / L:.0%} of the depth)"
+            + (": only the last few layers converge on it, as the chapter says (at the middle layer "
+               f"{big['middle_filler_fraction']:.0%} of the prompts' top-1 tokens are spaces, punctuation or function "
+               "words rather than plausible answers; Belrose et al. (2023) found the logit lens reads models other "
+               "than GPT-2 poorly before the last layers and proposed the tuned lens)"
+               if mean_settled / L > 0.8 else ", earlier than the chapter's story suggests")
+            + f". Early layers echo the surface form: at layer 0 the top-1 is the input token itself for "
+            f"{big['input_top1_by_layer'][0]:.0%} of prompts. On the small trained model the prediction settles at "
+            f"{small['mean_settled_layer'] / small['n_layers']:.0%} of its {small['n_layers']}-layer depth on average.")
+
+
+def draw(n: dict, s: Size):
+    """Per layer, how often the top-1 is the final answer and how often the input token, both models."""
     fig, (ax1, ax2) = figure(2, 5.5, 4)
-    ax1.plot(range(n + 1), per_layer_answer.tolist(), "o-", label="top-1 = final answer")
-    ax1.plot(range(n + 1), per_layer_copy.tolist(), "s-", label="top-1 = input token")
-    ax1.set(xlabel="layer", ylabel="fraction of prompts", title="SmolLM2-135M, logit lens")
-    ax2.plot(range(cn + 1), c_answer.tolist(), "o-", label="top-1 = final answer")
-    ax2.plot(range(cn + 1), c_copy.tolist(), "s-", label="top-1 = input token")
-    ax2.set(xlabel="layer", ylabel="fraction of positions", title="trained lumen model (characters)")
-    for ax in (ax1, ax2):
+    for ax, m, what, title in ((ax1, n["smollm2"], "prompts", "SmolLM2-135M, logit lens"),
+                               (ax2, n["trained"], "positions", "trained lumen model (characters)")):
+        ax.plot(range(m["n_layers"] + 1), m["answer_top1_by_layer"], "o-", label="top-1 = final answer")
+        ax.plot(range(m["n_layers"] + 1), m["input_top1_by_layer"], "s-", label="top-1 = input token")
+        ax.set(xlabel="layer", ylabel=f"fraction of {what}", title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    numbers = {"smollm2": {"rows": rows, "mean_first_layer": mean_first, "mean_settled_layer": mean_settled,
-                           "n_layers": n, "answer_top1_by_layer": per_layer_answer.tolist(),
-                           "input_top1_by_layer": per_layer_copy.tolist(), "middle_filler_fraction": filler},
-               "trained": {"mean_first_layer": float(c_first.mean()), "mean_settled_layer": float(c_settled.mean()),
-                           "n_layers": cn, "answer_top1_by_layer": c_answer.tolist(),
-                           "input_top1_by_layer": c_copy.tolist()}}
-    return Result(NAME, CLAIM, [t1, t2], verdict, numbers, {"logit-lens": fig},
+    return fig
+
+
+def run(quick: bool, seed: int) -> Result:
+    size = SIZES[quick]
+    n = measure(size, seed, quick)
+    return Result(NAME, CLAIM, tables(n, size), verdict(n, size), n, {"logit-lens": draw(n, size)},
                   [f"The trained model is {describe_trained(quick, seed)}."])

@@ -4,14 +4,14 @@ validation-loss gap of attention-only against full blocks on Shakespeare."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..model import GPT
-from .fit import History, fit, shakespeare, train_lm
+from .fit import TaskData, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -19,10 +19,25 @@ NAME = "mixing"
 CLAIM = ("Attention outputs are convex combinations of value vectors: mixing is not thinking. A new nonlinear feature "
          "of a token (here: the XOR of two of its features) is out of reach for attention alone and easy with the MLP.")
 
-SIZES: dict[bool, dict[str, Any]] = {
-    False: dict(features=4, context=16, d=64, layers=2, steps=400, batch=32, lm_layers=4, lm_d=96, lm_steps=300,
+
+class Size(TypedDict):
+    features: int       # binary features per token (2**features tokens)
+    context: int        # tokens per window of the XOR task
+    d: int              # the XOR stacks' width
+    layers: int         # the XOR stacks' depth (attention-only also at three times it: the same parameters)
+    steps: int          # XOR training steps
+    batch: int          # XOR windows per step
+    lm_layers: int      # the Shakespeare models' depth
+    lm_d: int           # and width
+    lm_steps: int
+    lm_batch: int
+    eval_windows: int   # Shakespeare validation windows
+
+
+SIZES = {
+    False: Size(features=4, context=16, d=64, layers=2, steps=400, batch=32, lm_layers=4, lm_d=96, lm_steps=300,
                 lm_batch=16, eval_windows=64),
-    True: dict(features=4, context=16, d=32, layers=2, steps=100, batch=16, lm_layers=2, lm_d=32, lm_steps=30,
+    True: Size(features=4, context=16, d=32, layers=2, steps=100, batch=16, lm_layers=2, lm_d=32, lm_steps=30,
                lm_batch=8, eval_windows=16),
 }
 
@@ -47,9 +62,14 @@ class OwnFeatureXor:
     def vocab_size(self) -> int:
         return len(self.embedding)
 
-    def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randint(0, 2**self.features, (n, self.context), generator=self.gen)
+    def sequence(self, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One window: random tokens (context,) and each one's answer."""
+        x = torch.randint(0, 2**self.features, (self.context,), generator=gen)
         return x, self.answer[x]
+
+    def data(self) -> TaskData:
+        """The task as the training loop reads a corpus."""
+        return TaskData(self.sequence, self.vocab_size, self.context)
 
     def model(self, cfg: ModelConfig, kind: str) -> GPT:
         """A stack of `kind` whose input embedding is the task's frozen feature code (output head untied)."""
@@ -63,21 +83,23 @@ class OwnFeatureXor:
     def evaluate(self, model: GPT, n: int = 256) -> tuple[float, float]:
         """(loss, accuracy) on n fresh sequences."""
         model.eval()
-        x, y = self.batch(n)
+        x = torch.randint(0, 2**self.features, (n, self.context), generator=self.gen)
+        y = self.answer[x]
         logits, loss = model(x, y)
         return loss.item(), (logits.argmax(-1) == y).float().mean().item()
 
 
-def steps_to(hist: History, loss: float, window: int = 10) -> int | None:
-    """The first step at which the mean training loss over `window` steps falls below `loss`."""
-    for i in range(window, len(hist.loss) + 1):
-        if sum(hist.loss[i - window:i]) / window < loss:
+def steps_to(loss: list[float], level: float, window: int = 10) -> int | None:
+    """The first step at which the mean training loss over `window` steps falls below `level`."""
+    for i in range(window, len(loss) + 1):
+        if sum(loss[i - window:i]) / window < level:
             return i
     return None
 
 
-def run(quick: bool, seed: int) -> Result:
-    s = SIZES[quick]
+def measure(size: Size, seed: int) -> dict:
+    """Train the three XOR stacks and the two Shakespeare models (all through lumen.train's loop): the numbers."""
+    s = size
     task = OwnFeatureXor(s["features"], s["d"], s["context"], seed)
     base = ModelConfig(d_model=s["d"], n_layers=s["layers"], n_heads=4, activation="gelu")
     variants = {  # label -> (kind, layers)
@@ -85,14 +107,16 @@ def run(quick: bool, seed: int) -> Result:
         f"attention-only, {s['layers']} layers": ("attention-only", s["layers"]),
         f"attention-only, {3 * s['layers']} layers (same parameters)": ("attention-only", 3 * s["layers"]),
     }
-    synth, params = {}, {}
+    xor = {}
     for label, (kind, layers) in variants.items():
         torch.manual_seed(seed)
         model = task.model(base.replace(n_layers=layers), kind)
-        params[label] = sum(p.numel() for p in model.blocks.parameters())
-        hist = fit(model, lambda step: task.batch(s["batch"]), s["steps"], lr=1e-2, warmup=s["steps"] // 10)
-        synth[label] = (hist, *task.evaluate(model))
-    chance = F.cross_entropy(torch.zeros(1, 2), torch.tensor([0])).item()   # ln 2: guessing
+        params = sum(p.numel() for p in model.blocks.parameters())
+        hist = train_lm(model, task.data(), s["steps"], lr=1e-2, warmup=s["steps"] // 10, batch_size=s["batch"],
+                        seed=seed, eval_windows=16)
+        loss, acc = task.evaluate(model)
+        xor[label] = {"loss": loss, "accuracy": acc, "block_parameters": params,
+                      "steps_to_0.1": steps_to(hist.loss, 0.1), "train_loss": hist.loss}
 
     data = shakespeare()
     lm_cfg = ModelConfig(vocab_size=data.tokenizer.vocab_size, context=64, d_model=s["lm_d"],
@@ -100,30 +124,42 @@ def run(quick: bool, seed: int) -> Result:
     lm = {}
     for kind in ("residual", "attention-only"):
         torch.manual_seed(seed)
-        lm[kind] = train_lm(build(lm_cfg, kind), data, s["lm_steps"], lr=2e-3, warmup=s["lm_steps"] // 10,
-                            batch_size=s["lm_batch"], seed=seed, eval_windows=s["eval_windows"])
+        h = train_lm(build(lm_cfg, kind), data, s["lm_steps"], lr=2e-3, warmup=s["lm_steps"] // 10,
+                     batch_size=s["lm_batch"], seed=seed, eval_windows=s["eval_windows"])
+        lm[kind] = {"final_loss": h.final_loss, "val": h.final_val, "train_loss": h.loss}
+    chance = F.cross_entropy(torch.zeros(1, 2), torch.tensor([0])).item()   # ln 2: guessing
+    return {"xor": xor, "shakespeare": lm, "chance_loss": chance}
 
+
+def tables(n: dict, s: Size) -> list[Table]:
     t1 = Table(f"XOR of two of a token's own features, {s['steps']} steps, d={s['d']} (chance: loss ln 2 = "
-               f"{chance:.3f}, accuracy 0.5)",
+               f"{n['chance_loss']:.3f}, accuracy 0.5)",
                ["stack", "block parameters", "loss", "accuracy", "steps to loss < 0.1"],
-               [[label, params[label], loss, acc, steps_to(h, 0.1) or f"not in {s['steps']}"]
-                for label, (h, loss, acc) in synth.items()])
+               [[label, r["block_parameters"], r["loss"], r["accuracy"], r["steps_to_0.1"] or f"not in {s['steps']}"]
+                for label, r in n["xor"].items()])
     t2 = Table(f"Shakespeare (characters), {s['lm_layers']} layers, d={s['lm_d']}, {s['lm_steps']} steps",
                ["stack", "train loss", "val loss"],
-               [[k, h.final_loss, h.final_val] for k, h in lm.items()])
-    full, attn, attn3 = (synth[k] for k in variants)
-    gap = lm["attention-only"].final_val - lm["residual"].final_val
-    solved = full[2] > 0.95
-    attn_solved = max(attn[2], attn3[2]) > 0.95
-    fails = max(attn[2], attn3[2]) < 0.75
+               [[k, r["final_loss"], r["val"]] for k, r in n["shakespeare"].items()])
+    return [t1, t2]
 
-    def speed(h):
-        n = steps_to(h, 0.1)
-        return f"{n} steps" if n else f"not within {s['steps']} steps"
 
-    details = (f"With the MLP: accuracy {full[2]:.3f}, loss {full[1]:.2g}, loss < 0.1 after {speed(full[0])}; "
-               f"attention alone: {attn[2]:.3f} (loss {attn[1]:.2g}, {speed(attn[0])}) with the same layers and "
-               f"{attn3[2]:.3f} (loss {attn3[1]:.2g}, {speed(attn3[0])}) with three times as many. ")
+def verdict(n: dict, s: Size) -> str:
+    steps = s["steps"]
+    full, attn, attn3 = n["xor"].values()
+    lm = n["shakespeare"]
+    gap = lm["attention-only"]["val"] - lm["residual"]["val"]
+    solved = full["accuracy"] > 0.95
+    attn_solved = max(attn["accuracy"], attn3["accuracy"]) > 0.95
+    fails = max(attn["accuracy"], attn3["accuracy"]) < 0.75
+
+    def speed(r: dict) -> str:
+        k = r["steps_to_0.1"]
+        return f"{k} steps" if k else f"not within {steps} steps"
+
+    details = (f"With the MLP: accuracy {full['accuracy']:.3f}, loss {full['loss']:.2g}, loss < 0.1 after "
+               f"{speed(full)}; attention alone: {attn['accuracy']:.3f} (loss {attn['loss']:.2g}, {speed(attn)}) with "
+               f"the same layers and {attn3['accuracy']:.3f} (loss {attn3['loss']:.2g}, {speed(attn3)}) with three "
+               "times as many. ")
     if solved and fails:
         head = "The MLP learns the XOR and attention alone does not: mixing is not thinking, as the chapter says. "
     elif solved and attn_solved:
@@ -135,22 +171,27 @@ def run(quick: bool, seed: int) -> Result:
         head = ("The MLP learns the XOR; attention alone gets part of the way, through its softmax (the chapter's "
                 "'except the softmax' caveat) and the norms, and more slowly. ")
     else:
-        head = f"Neither stack learns the XOR within {s['steps']} steps at this size. "
-    verdict = head + details + f"On Shakespeare, dropping the MLP costs {gap:+.3f} nats of validation loss."
+        head = f"Neither stack learns the XOR within {steps} steps at this size. "
+    return head + details + f"On Shakespeare, dropping the MLP costs {gap:+.3f} nats of validation loss."
+
+
+def draw(n: dict, s: Size):
+    """The XOR stacks' and the Shakespeare models' training losses."""
     fig, (ax1, ax2) = figure(2, 5.5, 4)
-    for label, (hist, _, _) in synth.items():
-        ax1.plot(hist.loss, lw=0.8, label=label)
-    ax1.axhline(chance, color="gray", lw=0.8, ls="--", label="chance (ln 2)")
+    for label, r in n["xor"].items():
+        ax1.plot(r["train_loss"], lw=0.8, label=label)
+    ax1.axhline(n["chance_loss"], color="gray", lw=0.8, ls="--", label="chance (ln 2)")
     ax1.set(xlabel="step", ylabel="loss", yscale="log", title="XOR of a token's own features")
-    for k, h in lm.items():
-        ax2.plot(h.loss, lw=0.8, label=k)
+    for k, r in n["shakespeare"].items():
+        ax2.plot(r["train_loss"], lw=0.8, label=k)
     ax2.set(xlabel="step", ylabel="training loss", title="Shakespeare")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    numbers = {"xor": {label: {"loss": loss, "accuracy": acc, "block_parameters": params[label],
-                           "steps_to_0.1": steps_to(h, 0.1), "train_loss": h.loss}
-                   for label, (h, loss, acc) in synth.items()},
-               "shakespeare": {k: {"final_loss": h.final_loss, "val": h.final_val} for k, h in lm.items()},
-               "chance_loss": chance}
-    return Result(NAME, CLAIM, [t1, t2], verdict, numbers, {"mixing": fig})
+    return fig
+
+
+def run(quick: bool, seed: int) -> Result:
+    size = SIZES[quick]
+    n = measure(size, seed)
+    return Result(NAME, CLAIM, tables(n, size), verdict(n, size), n, {"mixing": draw(n, size)})

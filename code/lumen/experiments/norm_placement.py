@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import TypedDict
 
 import torch
 import torch.nn as nn
@@ -22,10 +22,23 @@ CLAIM = ("Post-LN puts the norm on the residual highway: its gradients are uneve
          "at the bottom), it needs learning-rate warm-up and becomes unstable deep; pre-LN keeps the highway clean "
          "and trains without warm-up at any depth.")
 
-SIZES: dict[bool, dict[str, Any]] = {
-    False: dict(depths=[2, 6, 12], d=64, steps=150, warmup=30, lr=1e-3, batch=16, eval_windows=64, grad_depth=12,
+
+class Size(TypedDict):
+    depths: list[int]     # depths trained, each placement with and without warm-up
+    d: int
+    steps: int
+    warmup: int           # the warm-up steps of the runs with warm-up
+    lr: float
+    batch: int
+    eval_windows: int
+    grad_depth: int       # the depth whose gradient per block is measured at init
+    grad_batches: int     # over this many batches
+
+
+SIZES = {
+    False: Size(depths=[2, 6, 12], d=64, steps=150, warmup=30, lr=1e-3, batch=16, eval_windows=64, grad_depth=12,
                 grad_batches=3),
-    True: dict(depths=[2, 6], d=32, steps=20, warmup=5, lr=1e-3, batch=8, eval_windows=16, grad_depth=6,
+    True: Size(depths=[2, 6], d=32, steps=20, warmup=5, lr=1e-3, batch=8, eval_windows=16, grad_depth=6,
                grad_batches=2),
 }
 PLACEMENTS = ("pre", "post")
@@ -60,8 +73,10 @@ def unit_embeddings(model: GPT) -> GPT:
     return model
 
 
-def run(quick: bool, seed: int) -> Result:
-    s = SIZES[quick]
+def measure(size: Size, seed: int) -> dict:
+    """Each placement's gradient per block and part at init (three kinds of embedding), and every placement,
+    warm-up and depth trained."""
+    s = size
     data = shakespeare()
     T = 64
 
@@ -83,27 +98,50 @@ def run(quick: bool, seed: int) -> Result:
             parts[placement + emb] = [{k: statistics.fmean(pb[i][k] for pb in per_batch) for k in per_batch[0][i]}
                                       for i in range(g)]
     grads = {k: [math.sqrt(sum(v ** 2 for v in block.values())) for block in blocks] for k, blocks in parts.items()}
-
-    runs = {}
+    runs = []
     for placement in PLACEMENTS:
         for warmup in (0, s["warmup"]):
             for n in s["depths"]:
                 torch.manual_seed(seed)
-                runs[placement, warmup, n] = train_lm(build(cfg(n, placement)), data, s["steps"], lr=s["lr"],
-                                                      warmup=warmup, batch_size=s["batch"], seed=seed,
-                                                      eval_windows=s["eval_windows"])
+                h = train_lm(build(cfg(n, placement)), data, s["steps"], lr=s["lr"], warmup=warmup,
+                             batch_size=s["batch"], seed=seed, eval_windows=s["eval_windows"])
+                runs.append({"placement": placement, "warmup": warmup, "blocks": n, "diverged": h.diverged,
+                             "val": h.final_val, "final_loss": h.final_loss})
+    return {"unigram_loss": unigram_loss(data),
+            "grad_norms_at_init": {p: grads[p] for p in PLACEMENTS},
+            "grad_norms_at_init_untied": {p: grads[p + "-untied"] for p in PLACEMENTS},
+            "grad_norms_at_init_unit_embeddings": {p: grads[p + "-unit"] for p in PLACEMENTS},
+            "grad_parts_at_init": parts, "runs": runs}
 
-    def val(h):
-        return "diverged" if h.diverged else h.final_val
 
-    rows = [[f"{p}-LN", f"{w} steps" if w else "none"] + [val(runs[p, w, n]) for n in s["depths"]]
-            for p in PLACEMENTS for w in (0, s["warmup"])]
+GRADS = {"": "grad_norms_at_init", "-untied": "grad_norms_at_init_untied",
+         "-unit": "grad_norms_at_init_unit_embeddings"}   # embeddings -> the numbers' key of their gradients
+
+
+def gradients(n: dict) -> dict[str, list[float]]:
+    """Every placement and embedding's gradient per block at init, keyed "pre", "pre-untied", ..., "post-unit"."""
+    return {p + emb: n[GRADS[emb]][p] for p in PLACEMENTS for emb in EMBEDDINGS}
+
+
+def val(n: dict, placement: str, warmup: int, blocks: int) -> float:
+    """A run's validation loss (inf: it diverged)."""
+    r = next(r for r in n["runs"] if (r["placement"], r["warmup"], r["blocks"]) == (placement, warmup, blocks))
+    return float("inf") if r["diverged"] else r["val"]
+
+
+def tables(n: dict, s: Size) -> list[Table]:
+    parts, grads = n["grad_parts_at_init"], gradients(n)
+    g = s["grad_depth"]
+    rows = [[f"{r['placement']}-LN", f"{r['warmup']} steps" if r["warmup"] else "none"]
+            + ["diverged" if x["diverged"] else x["val"] for x in n["runs"]
+               if (x["placement"], x["warmup"]) == (r["placement"], r["warmup"])]
+            for r in n["runs"] if r["blocks"] == s["depths"][0]]
     t1 = Table(f"Validation loss after {s['steps']} steps at peak lr {s['lr']} (Shakespeare, characters, d={s['d']}); "
-               f"predicting character frequencies alone: {unigram_loss(data):.3f}",
-               ["placement", "warm-up"] + [f"{n} blocks" for n in s["depths"]], rows)
+               f"predicting character frequencies alone: {n['unigram_loss']:.3f}",
+               ["placement", "warm-up"] + [f"{k} blocks" for k in s["depths"]], rows)
     mid = {k: statistics.median(v[1:-1]) for k, v in grads.items()}
-    t2 = Table(f"Gradient norm of each block's parameters at initialisation, {g} blocks (mean over {len(batches)} "
-               f"batches); block 1 is the bottom, block {g} the top",
+    t2 = Table(f"Gradient norm of each block's parameters at initialisation, {g} blocks (mean over "
+               f"{s['grad_batches']} batches); block 1 is the bottom, block {g} the top",
                ["placement", "embeddings"] + [f"block {i}" for i in range(1, g + 1)]
                + ["block 1 / middle", f"block {g} / middle"],
                [[f"{k.split('-')[0]}-LN", EMBEDDINGS[k[len(k.split('-')[0]):]]] + v
@@ -112,22 +150,24 @@ def run(quick: bool, seed: int) -> Result:
                ["placement", "attention", "MLP", "norms", "block 2's attention"],
                [[f"{p}-LN", parts[p][0]["attention"], parts[p][0]["mlp"], parts[p][0]["norms"],
                  parts[p][1]["attention"]] for p in PLACEMENTS])
+    return [t1, t2, t3]
 
+
+def verdict(n: dict, s: Size) -> str:
     deep, w = max(s["depths"]), s["warmup"]
 
-    def v(p, wu, n=deep):
-        h = runs[p, wu, n]
-        return float("inf") if h.diverged else h.final_val
+    def v(p, wu, k=deep):
+        return val(n, p, wu, k)
 
-    unigram = unigram_loss(data)
-    stuck = {(p, wu): [n for n in s["depths"] if abs(v(p, wu, n) - unigram) < 0.05] for p in PLACEMENTS
+    unigram = n["unigram_loss"]
+    stuck = {(p, wu): [k for k in s["depths"] if abs(v(p, wu, k) - unigram) < 0.05] for p in PLACEMENTS
              for wu in (0, w)}
     post_needs_warmup = v("post", 0) > v("post", w) + 0.02
     pre_fine = v("pre", 0) <= v("pre", w) + 0.05
     post_worse_deep = v("post", w) > v("pre", w) + 0.02
 
     def blocks(ns):
-        return " and ".join(str(n) for n in ns) + " blocks"
+        return " and ".join(str(k) for k in ns) + " blocks"
 
     failed = ""
     if stuck["post", 0] or stuck["post", w]:
@@ -136,45 +176,53 @@ def run(quick: bool, seed: int) -> Result:
                   f"predicting character frequencies ({unigram:.2f})." if both else
                   f" Post-LN stays at the character-frequency loss ({unigram:.2f}) at {blocks(stuck['post', 0])} "
                   f"without warm-up and at {blocks(stuck['post', w]) if stuck['post', w] else 'no depth'} with it.")
-    verdict = (gradient_verdict(grads, parts)
-               + f"At {deep} blocks without warm-up post-LN reaches {v('post', 0):.3f}, with warm-up "
-               f"{v('post', w):.3f}" + (" (it needs warm-up)" if post_needs_warmup else
-                                        " (warm-up does not rescue it here; it is worse with warm-up at every depth)"
-                                        if all(v("post", w, n) > v("post", 0, n) for n in s["depths"]) else
-                                        " (warm-up does not rescue it here)")
-               + f"; pre-LN reaches {v('pre', 0):.3f} without and {v('pre', w):.3f} with"
-               + (" (it trains without warm-up)" if pre_fine else " (it too does better with warm-up at this depth "
-                                                                  "and learning rate)")
-               + (", and post-LN is behind pre-LN deep." if post_worse_deep else
-                  ". Post-LN is not behind pre-LN at this depth and budget; its instability needs deeper models "
-                  "or longer runs than this budget.")
-               + failed)
+    return (gradient_verdict(gradients(n), n["grad_parts_at_init"])
+            + f"At {deep} blocks without warm-up post-LN reaches {v('post', 0):.3f}, with warm-up "
+            f"{v('post', w):.3f}" + (" (it needs warm-up)" if post_needs_warmup else
+                                     " (warm-up does not rescue it here; it is worse with warm-up at every depth)"
+                                     if all(v("post", w, k) > v("post", 0, k) for k in s["depths"]) else
+                                     " (warm-up does not rescue it here)")
+            + f"; pre-LN reaches {v('pre', 0):.3f} without and {v('pre', w):.3f} with"
+            + (" (it trains without warm-up)" if pre_fine else " (it too does better with warm-up at this depth "
+                                                               "and learning rate)")
+            + (", and post-LN is behind pre-LN deep." if post_worse_deep else
+               ". Post-LN is not behind pre-LN at this depth and budget; its instability needs deeper models "
+               "or longer runs than this budget.")
+            + failed)
+
+
+def draw(n: dict, s: Size):
+    """The gradient per block at init, and the validation loss against depth with and without warm-up."""
+    grads = gradients(n)
+    g, w = s["grad_depth"], s["warmup"]
     fig, (ax1, ax2) = figure(2, 5.5, 4)
     for k, norms in grads.items():
         ax1.plot(range(1, g + 1), norms, {"": "o-", "-untied": "^:", "-unit": "s--"}[k[len(k.split('-')[0]):]],
                  label=f"{k.split('-')[0]}-LN, {EMBEDDINGS[k[len(k.split('-')[0]):]]}")
     for p in PLACEMENTS:
         for wu, ls in ((0, "--"), (w, "-")):
-            ax2.plot(s["depths"], [v(p, wu, n) for n in s["depths"]], ls, marker="o",
+            ax2.plot(s["depths"], [val(n, p, wu, k) for k in s["depths"]], ls, marker="o",
                      label=f"{p}-LN, warm-up {wu}")
     ax1.set(xlabel="block", ylabel="gradient norm", yscale="log", title=f"gradient per block at init ({g} blocks)")
     ax2.set(xlabel="blocks", ylabel="validation loss", title=f"after {s['steps']} steps, lr {s['lr']}")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    numbers = {"grad_norms_at_init": {p: grads[p] for p in PLACEMENTS},
-               "grad_norms_at_init_untied": {p: grads[p + "-untied"] for p in PLACEMENTS},
-               "grad_norms_at_init_unit_embeddings": {p: grads[p + "-unit"] for p in PLACEMENTS},
-               "grad_parts_at_init": parts,
-               "runs": [{"placement": p, "warmup": wu, "blocks": n, "diverged": h.diverged, "val": h.final_val,
-                         "final_loss": h.final_loss} for (p, wu, n), h in runs.items()]}
-    return Result(NAME, CLAIM, [t1, t2, t3], verdict, numbers, {"norm-placement": fig},
-                  ["Both placements use lumen's GPT-2 initialisation (embeddings and weights N(0, 0.02^2), stream "
-                   "writes scaled by 1/sqrt(2N)); the original post-LN transformer scaled its embeddings by sqrt(d), "
-                   "which the unit-size rows stand for (token and position tables scaled to std 1, the unembedding "
-                   "untied so that it keeps its own N(0, 0.02^2)).",
-                   "Xiong et al. (2020) analyse and measure post-LN at init: the gradient of the last layers' "
-                   "parameters is large and does not shrink with depth, while pre-LN's scales as 1/sqrt(L)."])
+    return fig
+
+
+NOTES = ["Both placements use lumen's GPT-2 initialisation (embeddings and weights N(0, 0.02^2), stream writes "
+         "scaled by 1/sqrt(2N)); the original post-LN transformer scaled its embeddings by sqrt(d), which the "
+         "unit-size rows stand for (token and position tables scaled to std 1, the unembedding untied so that it "
+         "keeps its own N(0, 0.02^2)).",
+         "Xiong et al. (2020) analyse and measure post-LN at init: the gradient of the last layers' parameters is "
+         "large and does not shrink with depth, while pre-LN's scales as 1/sqrt(L)."]
+
+
+def run(quick: bool, seed: int) -> Result:
+    size = SIZES[quick]
+    n = measure(size, seed)
+    return Result(NAME, CLAIM, tables(n, size), verdict(n, size), n, {"norm-placement": draw(n, size)}, list(NOTES))
 
 
 def gradient_verdict(grads: dict[str, list[float]], parts: dict[str, list[dict[str, float]]]) -> str:

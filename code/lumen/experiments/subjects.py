@@ -4,7 +4,7 @@ trained on Shakespeare here. Each is made once per process and shared by the exp
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -14,9 +14,20 @@ from ..model import GPT
 from ..tokenizers import Tokenizer
 from .fit import History, shakespeare, train_lm
 
+
+class TrainedSize(TypedDict):
+    layers: int
+    d: int
+    heads: int
+    context: int
+    steps: int
+    batch: int
+    lr: float
+
+
 # the trained lumen model: characters, as `lumen train --preset shakespeare` but smaller and shorter
-TRAINED: dict[bool, dict[str, Any]] = {False: dict(layers=4, d=96, heads=4, context=128, steps=400, batch=16, lr=2e-3),
-                                      True: dict(layers=2, d=64, heads=4, context=64, steps=60, batch=8, lr=3e-3)}
+TRAINED = {False: TrainedSize(layers=4, d=96, heads=4, context=128, steps=400, batch=16, lr=2e-3),
+           True: TrainedSize(layers=2, d=64, heads=4, context=64, steps=60, batch=8, lr=3e-3)}
 
 
 @lru_cache(maxsize=1)

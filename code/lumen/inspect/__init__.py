@@ -18,7 +18,8 @@ Where things are: hooks.py (run_with_hooks, hooked: the one hook mechanism), cac
 capture, delete_blocks, replace_activation), readout.py (Readout: the final norm and unembedding), stack.py
 (decompose, accumulated: the residual stream as a stack), lens.py (logit_lens, LogitLens, evaluate_lens),
 tuned_lens.py (TunedLens, train_tuned_lens), attribution.py (direct logit attribution), patching.py
-(activation patching), attribution_patching.py, path_patching.py, ablate.py (layer deletion on held-out
+(activation patching), attribution_patching.py, path_patching.py, datasets.py (a file of prompts, lumen.prompts,
+through the lens, attribution and patching: LensSet, AttributionSet, PatchingSet), ablate.py (layer deletion on held-out
 text), neurons.py (MLP units), heads.py (attention-head scores), weights.py (head_weights: W_Q ... W_O per
 head). Every tool that reads prompts takes a padded `lumen.tokenizers.Batch` too.
 """
@@ -36,6 +37,7 @@ from .cache import (
     replace_activation,
     run_with_cache,
 )
+from .datasets import AttributionSet, LensSet, attribute_prompts, lens_prompts, patch_prompts
 from .heads import head_scores, induction_scores, positional_scores
 from .hooks import hooked, run_with_hooks
 from .lens import Lens, LensResult, LogitLens, evaluate_lens, logit_lens
@@ -48,7 +50,8 @@ from .tuned_lens import TunedLens, train_tuned_lens, unembedding_hash
 from .weights import HeadWeights, head_weights
 
 __all__ = [
-    "ActivationCache", "Attribution", "HeadWeights", "Lens", "LensResult", "LogitLens", "Patching", "PatchingSet",
+    "ActivationCache", "Attribution", "AttributionSet", "HeadWeights", "LensSet", "attribute_prompts",
+    "lens_prompts", "patch_prompts", "Lens", "LensResult", "LogitLens", "Patching", "PatchingSet",
     "Readout", "Site", "Stack", "TunedLens", "accumulated", "activation_names", "attribute", "attribution_patching",
     "capture", "decompose", "delete_blocks", "deletion_table", "evaluate_lens", "head_scores", "head_weights",
     "heldout_loss", "hooked", "hooks", "induction_scores", "logit_diff", "logit_lens", "logprob", "patch",

@@ -27,6 +27,7 @@ feeding later blocks (activation patching, lumen.inspect.patching, measures that
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import overload
@@ -37,13 +38,23 @@ from .. import names
 from ..block import BranchOutputNormBlock
 from ..errors import UserError
 from ..model import GPT
-from ..tokenizers import Batch, single_token
+from ..tokenizers import Batch
+from ..tokenizers import single_token as _single_token
 from .cache import run_with_cache
 from .hooks import inputs
 from .readout import Readout
 from .stack import check_sum, check_sum_of_writes, normed_write, out_norm_factor
 
-__all__ = ["Attribution", "attribute", "single_token", "top_components"]
+__all__ = ["Attribution", "attribute", "top_components"]
+
+
+def __getattr__(name: str):
+    """single_token's old home, kept for one release: it is lumen.tokenizers.single_token (or tok.single_token)."""
+    if name == "single_token":
+        warnings.warn("lumen.inspect.attribution.single_token is deprecated: import it from lumen.tokenizers, or "
+                      "call tok.single_token(text)", DeprecationWarning, stacklevel=2)
+        return _single_token
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass

@@ -318,15 +318,33 @@ class PatchingSet:
 
     pairs: list[Patching]
 
+    @property
+    def clean_metric(self) -> float:
+        """The metric on the clean prompts, averaged over the pairs."""
+        return sum(p.clean_metric for p in self.pairs) / len(self.pairs)
+
+    @property
+    def corrupt_metric(self) -> float:
+        """The metric on the corrupted prompts, averaged over the pairs."""
+        return sum(p.corrupt_metric for p in self.pairs) / len(self.pairs)
+
     def mean(self, kind: str) -> torch.Tensor:
         """The fraction restored over the dataset: (mean patched metric - mean corrupt) / (mean clean - mean
         corrupt), so that pairs whose difference is small do not dominate. Maps over positions are aligned
         at the last token (column -1 is every prompt's last position), over the positions all pairs have."""
         n = min(p.maps[kind].size(-1) for p in self.pairs) if kind in POSITIONAL or self.by_position(kind) else None
         vals = [p.values(kind) if n is None else p.values(kind)[..., -n:] for p in self.pairs]
-        clean = sum(p.clean_metric for p in self.pairs) / len(self.pairs)
-        corrupt = sum(p.corrupt_metric for p in self.pairs) / len(self.pairs)
+        clean, corrupt = self.clean_metric, self.corrupt_metric
         return (torch.stack(vals).mean(0) - corrupt) / (clean - corrupt)
+
+    def averaged(self, metric_name: str | None = None) -> Patching:
+        """The dataset as one Patching: the mean clean and corrupt metrics and every kind's mean map, its
+        positions named by their distance from each pair's end ("-3", "-2", "-1"); what the figures draw."""
+        first = self.pairs[0]
+        T = min(len(p.clean_tokens) for p in self.pairs)
+        columns = [str(t) for t in range(-T, 0)]
+        return Patching(columns, [], self.clean_metric, self.corrupt_metric, {k: self.mean(k) for k in first.maps},
+                        metric_name or first.metric_name, first.layers, first.method)
 
     def by_position(self, kind: str) -> bool:
         return kind in HEAD_KINDS and self.pairs[0].maps[kind].dim() == 3

@@ -26,11 +26,12 @@ import torch
 
 from .. import names
 from ..errors import UserError
-from ..inspect.attribution import attribute, single_token
+from ..inspect.attribution import attribute
 from ..inspect.cache import run_with_cache
 from ..inspect.lens import LogitLens, logit_lens
 from ..inspect.patching import KINDS, logit_diff, patching_maps
 from ..model import GPT
+from ..tokenizers import single_token
 from .figures import visible
 from .html import DARK, LIGHT
 

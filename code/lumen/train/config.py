@@ -246,7 +246,7 @@ def _accepts(tp: object, value: object) -> bool:
         inner = typing.get_args(tp)[0]
         return isinstance(value, (list, tuple)) and all(_accepts(inner, v) for v in value)
     if dataclasses.is_dataclass(tp):  # a table of the dataclass's fields (RopeScaling): the dataclass checks them
-        return isinstance(value, (dict, tp))
+        return isinstance(value, dict) or (isinstance(tp, type) and isinstance(value, tp))
     if tp is type(None):
         return value is None
     if tp is float:

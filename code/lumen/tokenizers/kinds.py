@@ -1,32 +1,25 @@
-"""Tokenizers: characters, bytes, and byte-level BPE (trained on a corpus or a pretrained model's),
-behind one small interface. Every tokenizer saves to and loads from one `tokenizer.json`.
+"""The tokenizers: characters, bytes, and byte-level BPE (trained on a corpus or a pretrained model's), behind
+one small interface (Tokenizer); every one saves to and loads from one `tokenizer.json`. single_token: the id
+of a text that must be one token.
 
     >>> tok = CharTokenizer.from_text("hello world")
-    >>> tok("hello")                       # calling a tokenizer encodes, like tok.encode("hello")
-    [3, 2, 4, 4, 5]
-    >>> tok.decode(tok.encode("hello"))
-    'hello'
-    >>> tok.str_tokens("hello")            # each token as its own text
-    ['h', 'e', 'l', 'l', 'o']
-    >>> batch = tok.pad(["hello", "lo"])   # prompts of different lengths, padded on the left
-    >>> batch.ids.shape, batch.mask[1].tolist()
-    (torch.Size([2, 5]), [False, False, False, True, True])
+    >>> tok("hello"), tok.decode(tok.encode("hello"))      # calling a tokenizer encodes
+    ([3, 2, 4, 4, 5], 'hello')
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tokenizers import Tokenizer as _HF
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from .errors import MissingFileError, ModelFileError, UserError
-from .files import read_json
+from ..errors import MissingFileError, ModelFileError, UserError
+from ..files import read_json
+from .batch import Batch, pad
+from .chat import ChatTemplate
 
 FILENAME = "tokenizer.json"
 SETTINGS = "tokenizer_config.json"  # beside a Hugging Face tokenizer.json: eos token, chat template
@@ -125,70 +118,6 @@ class Tokenizer:
             )
 
 
-SIDES = ("left", "right")
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Prompts of different lengths side by side: ids (B, T), each row's prompt filled up to the
-    longest with padding on one side (left: every prompt ends at the last column, the side generation
-    needs), and mask (B, T), True at the real tokens. The model reads it as ``model(batch.ids,
-    mask=batch.mask)``; lumen.inspect's tools take the Batch itself, and each prompt's results are what
-    it gets alone.
-
-        >>> b = pad([[5, 6, 7], [8]], side="right")
-        >>> b.ids.tolist(), b.last.tolist(), b.row(1)
-        ([[5, 6, 7], [8, 0, 0]], [2, 0], [8])
-    """
-
-    ids: torch.Tensor      # (B, T) token ids, padding included
-    mask: torch.Tensor     # (B, T) bool: True at a real token
-    side: str = "left"
-
-    def __len__(self) -> int:
-        return self.ids.size(0)
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        """(B,) each prompt's number of tokens."""
-        return self.mask.sum(-1)
-
-    @property
-    def last(self) -> torch.Tensor:
-        """(B,) the column of each prompt's last token (where its next-token prediction is read)."""
-        cols = torch.arange(self.mask.size(1), device=self.mask.device)
-        return torch.where(self.mask, cols, -1).max(-1).values
-
-    def row(self, b: int) -> list[int]:
-        """Prompt b's own token ids, without its padding."""
-        return self.ids[b][self.mask[b]].tolist()
-
-    def rows(self) -> list[list[int]]:
-        return [self.row(b) for b in range(len(self))]
-
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.ids.to(device), self.mask.to(device), self.side)
-
-
-def pad(seqs: Sequence[Sequence[int]], side: str = "left", pad_id: int = 0, what: str = "prompt") -> Batch:
-    """Token-id lists of different lengths as one `Batch`, padded on `side` ("left" or "right") with pad_id."""
-    if side not in SIDES:
-        raise UserError(f"padding side must be left or right, got {side!r}")
-    if not seqs:
-        raise UserError(f"no {what}s to pad: give at least one")
-    empty = [i for i, s in enumerate(seqs) if len(s) == 0]
-    if empty:
-        raise UserError(f"{what} {empty[0]} of {len(seqs)} is empty (no tokens): give every prompt some text")
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(seqs), T, dtype=torch.bool)
-    for b, s in enumerate(seqs):
-        cols = slice(T - len(s), T) if side == "left" else slice(0, len(s))
-        ids[b, cols] = torch.as_tensor(list(s), dtype=torch.long)
-        mask[b, cols] = True
-    return Batch(ids, mask, side)
-
-
 def single_token(tokenizer: Tokenizer, text: str, what: str) -> int:
     """The id of text if it is exactly one token of this tokenizer, else a clear error."""
     ids = tokenizer.encode(text)
@@ -197,6 +126,16 @@ def single_token(tokenizer: Tokenizer, text: str, what: str) -> int:
         raise UserError(f"{what} {text!r} is {len(ids)} tokens {pieces}, not one: give a single token "
                         "(often with its leading space, e.g. ' Paris')")
     return ids[0]
+
+
+def _not_text(text: str) -> UserError:
+    """The error for a string UTF-8 cannot encode: it holds half of a UTF-16 surrogate pair (JSON's "\\ud800",
+    or bytes that were not UTF-8 read with surrogateescape)."""
+    i = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+    if i is None:
+        return UserError(f"the text {text[:40]!r} cannot be encoded as UTF-8")
+    return UserError(f"character {text[i]!r} (position {i}) is half of a UTF-16 surrogate pair, not text: "
+                     "write the character itself (or both halves of its pair)")
 
 
 def _ids(ids: Iterable[int]) -> list[int]:
@@ -260,7 +199,10 @@ class ByteTokenizer(Tokenizer):
         return 256
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        try:
+            return list(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise _not_text(text) from None
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = list(ids)
@@ -302,7 +244,12 @@ class HFTokenizer(Tokenizer):
         return max(self.tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        try:
+            return self.tok.encode(text, add_special_tokens=False).ids
+        except TypeError:   # the Rust side takes only text that UTF-8 can encode
+            if not isinstance(text, str):
+                raise
+            raise _not_text(text) from None
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)
@@ -344,144 +291,6 @@ class HFTokenizer(Tokenizer):
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise ModelFileError(f"{path} is not a valid tokenizer ({reason}); save or fetch it again") from None
         return cls(tok, EOS if tok.token_to_id(EOS) is not None else None)
-
-
-class ChatTemplate:
-    """A model's chat template: Jinja, compiled when the tokenizer is read (a template that is not valid Jinja is
-    refused then, naming its line) and rendered in Jinja's immutable sandbox with bounds, since it is code from a
-    model file: at most MAX_CHAT_STEPS lines of template run per render (nested loops cannot hang), no string or
-    list repeated, padded or formatted past MAX_CHAT_CHARS, no power past MAX_CHAT_EXPONENT. `raise_exception`
-    (Hugging Face's helper) is there for templates that refuse a conversation.
-
-        >>> ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}").render("hi")
-        '<user>hi'
-    """
-
-    def __init__(self, source: str):
-        from jinja2 import TemplateSyntaxError
-
-        self.source = source
-        try:
-            self.template = _chat_environment().from_string(source)
-        except TemplateSyntaxError as e:
-            raise ModelFileError(f"the chat template is not valid Jinja (line {e.lineno}: {e.message}); "
-                                 "use a model file with a working template, or drop --chat") from None
-
-    def render(self, user_text: str, add_generation_prompt: bool = True) -> str:
-        """The template applied to one user message, ready for the model's reply."""
-        import sys
-
-        from jinja2 import TemplateError
-
-        steps = 0
-
-        def count(frame, event, arg):  # every line the template's own code runs counts one step
-            nonlocal steps
-            if event == "line":
-                steps += 1
-                if steps > MAX_CHAT_STEPS:
-                    raise _ChatBound(f"it ran more than {MAX_CHAT_STEPS:,} steps")
-            return count
-
-        def on_call(frame, event, arg):
-            return count if frame.f_code.co_filename == "<template>" else None
-
-        before = sys.gettrace()
-        sys.settrace(on_call)
-        try:
-            text = self.template.render(messages=[{"role": "user", "content": user_text}],
-                                        add_generation_prompt=add_generation_prompt)
-        except _ChatRefusal as e:
-            raise UserError(f"the model's chat template refuses this prompt: {e}") from None
-        except _ChatBound as e:
-            raise ModelFileError(f"the model's chat template asks for too much ({e}); drop --chat and write the "
-                                 "prompt yourself") from None
-        except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError,
-                MemoryError) as e:  # a template is code from the model file: whatever fails in it is the file's
-            raise ModelFileError(f"the model's chat template failed ({type(e).__name__}: {_one_line(e)}); "
-                                 "drop --chat and write the prompt yourself") from None
-        finally:
-            sys.settrace(before)
-        if len(text) > MAX_CHAT_CHARS:
-            raise ModelFileError(f"the model's chat template made {len(text):,} characters of prompt from "
-                                 f"{len(user_text):,}; drop --chat and write the prompt yourself")
-        return text
-
-
-MAX_CHAT_STEPS = 1_000_000    # lines of template code one render may run (SmolLM2's runs a few dozen)
-MAX_CHAT_CHARS = 1_000_000    # the longest string or list a template may build
-MAX_CHAT_EXPONENT = 1024      # the largest power a template may compute
-
-
-class _ChatBound(Exception):
-    """A chat template went past one of ChatTemplate's bounds."""
-
-
-class _ChatRefusal(Exception):
-    """A chat template called raise_exception."""
-
-
-def _one_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-
-
-def _chat_environment():
-    """Jinja's immutable sandbox with the bounds ChatTemplate describes (built once)."""
-    global _CHAT_ENV
-    if _CHAT_ENV is not None:
-        return _CHAT_ENV
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def big(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CHAT_CHARS
-
-    def check_args(args: tuple, kwargs: dict) -> None:
-        if any(big(a) for a in (*args, *kwargs.values())):
-            raise _ChatBound(f"a width or count above {MAX_CHAT_CHARS:,}")
-
-    class Bounded(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**", "%"})
-
-        def call_binop(self, context, operator, left, right):
-            if operator == "**" and isinstance(right, int) and abs(right) > MAX_CHAT_EXPONENT:
-                raise _ChatBound(f"a power above {MAX_CHAT_EXPONENT}")
-            if operator == "*":
-                for seq, n in ((left, right), (right, left)):
-                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_CHAT_CHARS:
-                        raise _ChatBound(f"a string or list longer than {MAX_CHAT_CHARS:,}")
-            if operator == "%" and isinstance(left, str) and re.search(r"\d{7,}", left):
-                raise _ChatBound(f"a format wider than {MAX_CHAT_CHARS:,}")
-            return super().call_binop(context, operator, left, right)
-
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja's own signature
-            check_args(args, kwargs)
-            return super().call(__context, __obj, *args, **kwargs)
-
-        def wrap_str_format(self, value):  # str.format and format_map: no field wider than the bound
-            if isinstance(getattr(value, "__self__", None), str) and re.search(r"\d{7,}", value.__self__):
-                raise _ChatBound(f"a format wider than {MAX_CHAT_CHARS:,}")
-            return super().wrap_str_format(value)
-
-    def bounded(fn):
-        def filter_(*args, **kwargs):
-            check_args(args[1:], kwargs)
-            return fn(*args, **kwargs)
-        for attr in ("jinja_pass_arg",):  # (filters that take the context or environment keep saying so)
-            if hasattr(fn, attr):
-                setattr(filter_, attr, getattr(fn, attr))
-        return filter_
-
-    def raise_exception(message: str = "") -> None:
-        raise _ChatRefusal(str(message))
-
-    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters = {name: bounded(fn) for name, fn in env.filters.items()}
-    env.globals["raise_exception"] = raise_exception
-    _CHAT_ENV = env
-    return env
-
-
-_CHAT_ENV = None
 
 
 EOS = "<|endoftext|>"  # the document separator of the BPE tokenizers trained here (GPT-2's name for it)
