@@ -22,6 +22,8 @@ def tiny_config(name: str, **changes) -> ModelConfig:
         kw["d_head"] = 16
     if cfg.sliding_window is not None:
         kw["sliding_window"] = 5
+    if cfg.n_experts:  # a mixture of experts: a few experts, still more than a token picks
+        kw |= {"n_experts": 4, "experts_per_token": 2}
     if cfg.positions == "rope" and cfg.rotary_fraction < 1.0:  # partial rotary: half of the 8 features of a head
         kw["rotary_fraction"] = 0.5
     return cfg.replace(**(kw | changes))

@@ -121,7 +121,8 @@ def top_activations(
     site = site or names.activation(layer, "mlp_hidden")
     best_v: torch.Tensor | None = None
     best_i: torch.Tensor | None = None
-    for start in progress(range(0, windows.size(0), batch), desc=f"reading {names.display(site)}", unit="batch"):
+    what = f"block {layer}'s MLP" if site == names.activation(layer, "mlp_hidden") else names.display(site)
+    for start in progress(range(0, windows.size(0), batch), desc=f"reading {what}", unit="batch"):
         x = windows[start : start + batch].to(model.device)
         m = mask[start : start + batch].to(model.device) if mask is not None else None
         if expert is None:
