@@ -1,7 +1,7 @@
 """Speed on a busy machine: the default training step, a compiled decoding loop and SmolLM2 decoded from its
 GGUF's blocks by the step compiled ahead of time, alone and beside N busy processes that this bench starts itself
 (N = 1, 2, number of cores), each with all cores' threads fixed (torch's default) and with lumen's measured
-thread count (lumen.threads.ThreadTuner, what `lumen train` does when threads = 0, and the door's decoding).
+thread count (lumen.runtime.threads.ThreadTuner, what `lumen train` does when threads = 0, and the door's decoding).
 
     .venv/bin/python bench/bench_contention.py [--seconds 4] [--rounds 2] [--only train|decode|decode-aot]
 
@@ -67,7 +67,7 @@ def decoding_step():
 def one_token(model, prompt, decode_step):
     """A function that decodes one more greedy token through decode_step, and starts again from the prompt
     when the 256-slot cache is full."""
-    from lumen.decode import GREEDY, stream
+    from lumen.decode import GREEDY, tokens
 
     state = {"steps": iter(())}
 
@@ -75,7 +75,7 @@ def one_token(model, prompt, decode_step):
         try:
             next(state["steps"])
         except StopIteration:
-            state["steps"] = stream(model, prompt, 240, GREEDY, step=decode_step, cache_slots=256)
+            state["steps"] = tokens(model, prompt, 240, GREEDY, step=decode_step, cache_slots=256)
             next(state["steps"])
 
     return step
@@ -88,7 +88,7 @@ def aot_decoding_step(stack: contextlib.ExitStack):
 
     from lumen import fast
 
-    loaded = fast.load_blocks("smollm2")
+    loaded = fast.load_quantized("smollm2")
     model = loaded.model
     stack.enter_context(torch.inference_mode())
     decoder = stack.enter_context(fast.decoding(model, compile="aot"))
@@ -112,7 +112,7 @@ def measure(name: str, step, per_step: int, args: argparse.Namespace) -> dict:
     [{"busy", "fair", "fixed", "tuned"}]}: median tokens/s, and the fair share's tokens/s."""
     import torch
 
-    from lumen.threads import ThreadTuner
+    from lumen.runtime.threads import ThreadTuner
 
     cores = os.cpu_count() or 1
     all_threads = torch.get_num_threads()

@@ -126,7 +126,7 @@ def run_setting(parallel: str, n: int, args: argparse.Namespace, extra_env: dict
 
 
 def machine() -> str:
-    from lumen import cpu
+    from lumen.runtime import cpu
 
     mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
     return f"{cpu.name()} ({' '.join(cpu.kernel_flags())}), {os.cpu_count()} cores, {mem / 2**20:.0f} GiB"

@@ -11,7 +11,7 @@ worst case for skipping: only the first token is shared). Every map kind the old
 attn_out, mlp_out, head). Reported: the wall time of each (median of --repeats), the speed-ups, the largest
 difference between the old and the new exact maps, and the correlation of attribution patching with exact
 patching, per kind. Name the machine and its load with the numbers (printed). On a busy machine the thread count
-matters more than anything (one thread waits for no other at each operation's barrier: lumen.threads): both
+matters more than anything (one thread waits for no other at each operation's barrier: lumen.runtime.threads): both
 run at the same count, --threads N. Not a test.
 """
 
@@ -119,7 +119,7 @@ def timed(fn, repeats: int):
 
 
 def machine() -> str:
-    from lumen import cpu
+    from lumen.runtime import cpu
 
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return (f"{cpu.name()} ({' '.join(cpu.kernel_flags())}), {os.cpu_count()} CPUs, "

@@ -55,10 +55,10 @@ def contender(impl: str, bf16: bool, compiled: bool, args: argparse.Namespace):
     """(model config, a function that takes one training step, the process-wide settings its steps run in)
     for lumen or HF. lumen's settings are its training loop's, which hold for a whole run: here they hold
     for each round of steps, so HF's rounds run on the process's own (but for glibc's mmap threshold, which
-    lumen.heap leaves fixed at 32 MiB, where glibc's own would move to as HF's buffers are freed)."""
+    lumen.runtime.heap leaves fixed at 32 MiB, where glibc's own would move to as HF's buffers are freed)."""
     import torch
 
-    from lumen.compiling import COMPILE_OPTIONS
+    from lumen.runtime.compiling import COMPILE_OPTIONS
     from lumen.train import TrainConfig
     from lumen.train.loop import run_settings, training_attention
     from lumen.train.optim import make_optimizer

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/decode_memory.py [aot|compiled|eager] [TOKENS]
 
-After each step (import torch, import lumen, the GGUF header and tokenizer alone, load_blocks: header,
+After each step (import torch, import lumen, the GGUF header and tokenizer alone, load_quantized: header,
 blocks and model, the decoding door, the first step: a package loaded or a graph compiled, TOKENS decoded
 tokens), the resident memory now (VmRSS) and the high-water mark so far (VmHWM) in MiB, and whether the
 compiler's Python (torch._dynamo, torch._inductor, sympy) has been imported yet. One
@@ -34,14 +34,14 @@ def main() -> None:
 
     show("import torch")
     from lumen import fast
-    from lumen.decode import GREEDY, stream
+    from lumen.decode import GREEDY, tokens
     from lumen.formats import read_tokenizer
 
     show("import lumen")
-    read_tokenizer("smollm2")  # (dropped: load_blocks reads the header again)
+    read_tokenizer("smollm2")  # (dropped: load_quantized reads the header again)
     show("the header and tokenizer alone")
-    loaded = fast.load_blocks("smollm2")
-    show("load_blocks")
+    loaded = fast.load_quantized("smollm2")
+    show("load_quantized")
     model, tok = loaded.model, loaded.tokenizer
     ids = torch.tensor([tok.encode("The capital of France is")])
     torch.set_num_threads(1)
@@ -50,7 +50,7 @@ def main() -> None:
         show("the decoding door")
         decoder.generate(ids, 2, temperature=0)
         show("the first steps")
-        for _ in stream(model, ids, n, GREEDY, step=decoder.step, cache_slots=256 if compile else None):
+        for _ in tokens(model, ids, n, GREEDY, step=decoder.step, cache_slots=256 if compile else None):
             pass
         show(f"{n} tokens decoded")
 

@@ -16,7 +16,7 @@ of failures.
   decode   a SmolLM2-shaped model (random weights) read from a run directory by lumen.formats.load onto the
            device in bf16: eager and compiled greedy decoding agree (or part at a near tie), tokens/s of each
   inspect  the logit lens and direct logit attribution on the device against the CPU's, float32
-  blocks   a GGUF's Q8_0/Q4_1 blocks (lumen.fast.load_blocks) on the device: which product runs, and its numbers
+  blocks   a GGUF's Q8_0/Q4_1 blocks (lumen.fast.load_quantized) on the device: which product runs, and its numbers
            against the CPU's and against the dequantized float model
 """
 
@@ -329,22 +329,22 @@ def check_blocks(device: torch.device) -> None:
         path = Path(tmp, "tiny.gguf")
         write_gguf(path, model)
         here = str(device)
-        blocks = {where: fast.load_blocks(str(path), device=where).model for where in ("cpu", here)}
+        blocks = {where: fast.load_quantized(str(path), device=where).model for where in ("cpu", here)}
         dense = load(str(path), device=device).model  # the dequantized float32 model
     ids = torch.randint(0, 320, (1, 20), generator=torch.Generator().manual_seed(3))
     assert model.cfg.tie_embeddings  # the file's embedding blocks are its unembedding too
     many = (blocks[here](ids.to(device))[0] - dense(ids.to(device))[0]).abs().max().item()  # a prompt's rows
     one_row = {where: m(ids[:, :1].to(where))[0].float().cpu() for where, m in blocks.items()}  # a decoded token
     row = (one_row[here] - one_row["cpu"]).abs().max().item()
-    on_device = blocks[here].lm_head.blocks.quads.device  # type: ignore[union-attr]
+    on_device = blocks[here].lm_head.matrix.quads.device  # type: ignore[union-attr]
     quant = sys.modules[type(blocks[here].lm_head).__module__]  # lumen's quant module, wherever it lives
     kernel = "quant.cpp's kernel" if quant.kernels() else "torch's formula (the kernel did not build here)"
     t0 = time.perf_counter()
     fast.generate(blocks[here], ids.to(device), 16, temperature=0)
     sync(device)
     tok_s = 16 / (time.perf_counter() - t0)
-    path_text = ("torch's formula, Blocks.rounded_row_product: quant.cpp's kernel is CPU-only (Blocks.row_product "
-                 "takes it only for a row on the CPU)") if device.type != "cpu" else kernel
+    path_text = ("torch's formula, QuantMatrix.rounded_row_product: quant.cpp's kernel is CPU-only "
+                 "(QuantMatrix.row_product takes it only for a row on the CPU)") if device.type != "cpu" else kernel
     report("blocks gguf", on_device.type == device.type and many < 1e-3 and row < 1e-3,
            f"weights='gguf' on {device} keeps the blocks there ({on_device}); a decoded token's product runs "
            f"{path_text}: {row:.1e} from the CPU's ({kernel}); a prompt (dequantized slabs) {many:.1e} from the "

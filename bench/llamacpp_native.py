@@ -28,7 +28,7 @@ def cache() -> Path:
 
 def cpu_flags() -> str:
     """The CPU's own flags (what -march=native builds for)."""
-    from lumen import cpu
+    from lumen.runtime import cpu
 
     return " ".join(sorted(cpu.machine_flags()))
 

@@ -26,12 +26,12 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     import torch
 
-    from lumen import fast
-    from lumen.decode import GREEDY, stream
+    from lumen import decode, fast
+    from lumen.decode import GREEDY
     from lumen.fast.decoding import frozen
     from lumen.formats import load
 
-    loaded = fast.load_blocks("smollm2") if weights == "gguf" else load("smollm2")
+    loaded = fast.load_quantized("smollm2") if weights == "gguf" else load("smollm2")
     model, tok = loaded.model, loaded.tokenizer
     ids = torch.tensor([tok.encode(PROMPT)])
     long = torch.tensor([tok.encode(FILLER * (n_prompt // 10))[:n_prompt]])
@@ -42,8 +42,8 @@ def main() -> None:
             decoder.generate(ids, 4, temperature=0)  # compiles at this thread count (not counted)
             stamps, tokens = [], []
             # the thread count pinned: lumen.decode's steps through the door's step, untuned (the collector's
-            # freeze as the door's stream has it)
-            steps = stream(model, ids, n, GREEDY, step=decoder.step, cache_slots=256 if compile else None)
+            # freeze as the door's tokens have it)
+            steps = decode.tokens(model, ids, n, GREEDY, step=decoder.step, cache_slots=256 if compile else None)
             for x in frozen(steps):
                 stamps.append(time.perf_counter())
                 tokens.append(int(x[0]))

@@ -53,7 +53,7 @@ def profile(threads: int, n: int) -> dict[str, dict]:
     from lumen.attention import KVCache
 
     torch.set_num_threads(threads)
-    loaded = fast.load_blocks("smollm2")
+    loaded = fast.load_quantized("smollm2")
     model = loaded.model
     ids = torch.tensor([loaded.tokenizer.encode("The capital of France is")])
 

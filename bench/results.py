@@ -24,7 +24,7 @@ def machine() -> dict[str, Any]:
     """The CPU's model, core count and kernel-deciding flags; Python's and torch's versions."""
     import torch
 
-    from lumen import cpu
+    from lumen.runtime import cpu
 
     return {"cpu": cpu.name(), "arch": cpu.arch(), "cores": os.cpu_count(), "flags": cpu.kernel_flags(),
             "amx": cpu.has("amx_tile"),

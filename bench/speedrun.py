@@ -33,7 +33,7 @@ WAVE2 = ["batch_size=16", "warmup=50"]  # what every row keeps of the last wave'
 LAST = ["steps=2100", "eval_interval=500"]  # the steps and evaluations of the rows before the last
 # rows before StackedMuon take torch.optim.Muon's step one matrix at a time (the same numbers, bit for bit here)
 ONE_AT_A_TIME = "one matrix at a time"
-# rows before lumen.heap run on glibc's own heap settings (a step's freed buffers may go back to the system)
+# rows before lumen.runtime.heap run on glibc's own heap settings (a step's freed buffers may go back to the system)
 GLIBC_HEAP = "glibc's own heap"
 ROWS: list[tuple[str, list[str]]] = [
     ("the last wave's default: AdamW, cosine down to lr/10, 2,400 steps of 16 x 128 tokens",
@@ -44,7 +44,7 @@ ROWS: list[tuple[str, list[str]]] = [
      ["steps=2400", "eval_interval=500", *WAVE2, ONE_AT_A_TIME, GLIBC_HEAP]),
     ("2,100 steps, to fit five minutes", [*LAST, ONE_AT_A_TIME, GLIBC_HEAP]),
     ("Muon's Newton-Schulz over each stack of same-shape matrices at once (StackedMuon)", [*LAST, GLIBC_HEAP]),
-    ("a step's freed buffers kept for the next step (lumen.heap), not faulted in again page by page", LAST),
+    ("a step's freed buffers kept for the next step (lumen.runtime.heap), not faulted in again page by page", LAST),
     ("2,200 steps in the time saved, evaluations every 550 (today's preset)", []),
 ]
 MARKERS = (ONE_AT_A_TIME, GLIBC_HEAP)

@@ -64,7 +64,7 @@ def test_a_later_process_only_loads_the_package_and_never_imports_the_compiler(t
     matrices = [f"blk.{i}.{m}.weight" for i in range(2) for m in ("attn_q", "attn_k", "attn_v", "attn_output",
                                                                   "ffn_gate", "ffn_up", "ffn_down")]
     write_gguf(path, tiny_model(), {"token_embd.weight": Q.Q8_0} | {m: Q.Q4_1 for m in matrices})
-    model = fast.load_blocks(str(path)).model
+    model = fast.load_quantized(str(path)).model
     idx = torch.tensor([[5, 9, 2, 30]])
     want = fast.generate(model, idx, 40, temperature=0, compile="aot")[0].tolist()
     child = f"""
@@ -72,7 +72,7 @@ import sys, torch
 from lumen import fast
 from lumen.fast import aot
 aot.build = None  # (nothing to build: calling it fails)
-model = fast.load_blocks({str(path)!r}).model
+model = fast.load_quantized({str(path)!r}).model
 print(fast.generate(model, torch.tensor({idx.tolist()}), 40, temperature=0, compile="aot")[0].tolist())
 print(sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules))
 """
@@ -122,9 +122,9 @@ def test_smollm2_from_its_blocks_decodes_through_the_package_as_the_block_path(s
     function): along the float model's greedy continuation, each step's distribution within a mean KL of
     0.03 nats of the float model's and the same top token at >= 85% of 48 steps (test_quant.py's bounds for
     the block path), and the first 4 greedy tokens the float model's."""
-    from lumen.fast import load_blocks
+    from lumen.fast import load_quantized
 
-    model = load_blocks("smollm2").model
+    model = load_quantized("smollm2").model
     ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is")])
     with torch.inference_mode():
         want = smollm2.generate(ids, 48, temperature=0)

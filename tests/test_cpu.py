@@ -1,4 +1,4 @@
-"""lumen.cpu: the CPU's flags read once, an override that makes another CPU's decisions, and lumen's answer to
+"""lumen.runtime.cpu: the CPU's flags read once, an override that makes another CPU's decisions, and lumen's answer to
 "do oneDNN's bf16 kernels run here" against PyTorch's own."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from lumen import cpu
+from lumen.runtime import cpu
 
 
 def test_flags_are_the_cpus_own(monkeypatch):

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from lumen import fast
 from lumen.attention import KVCache, MultiHeadAttention
-from lumen.decode import GREEDY, stream
-from lumen.fast.attention import OneQueryAttention, one_query_attention, plain_attention
+from lumen.decode import GREEDY, tokens
+from lumen.fast.attention import OneQueryAttention, chapter_attention, one_query_attention
 from lumen.model import GPT
 
 
@@ -67,7 +67,7 @@ def test_the_kernel_reads_only_the_allowed_slots_as_the_plain_path_does(batch, k
         for kernels in (True, False):
             monkeypatch.setattr(quant, "_kernels", kernels)
             torch.testing.assert_close(attn.attend_plain(q, k, v, allowed), plain, rtol=1e-5, atol=1e-6, msg=name)
-        plain_attention(attn)
+        chapter_attention(attn)
     monkeypatch.undo()
     q[0, 0, 0, 0] = 1e4  # a loud query: the softmax subtracts its largest score first, as torch's does
     allowed = masks["first"]
@@ -98,14 +98,14 @@ def test_decoding_steps_with_the_cache_agree_with_the_plain_model():
     for t in range(20):
         torch.testing.assert_close(model(torch.tensor([[t + 3]]), cache=cache)[0], plain_logits[t],
                                    rtol=1e-5, atol=1e-5)
-    assert plain_attention(model) == model.cfg.n_layers
+    assert chapter_attention(model) == model.cfg.n_layers
     assert all(type(b.attn) is MultiHeadAttention for b in model.blocks)
 
 
 def test_the_door_swaps_it_in_and_out_and_keeps_the_tokens():
     model = gqa_model(2)
     ids = torch.randint(0, 65, (1, 4))
-    want = torch.stack(list(stream(model, ids, 24, GREEDY)))
+    want = torch.stack(list(tokens(model, ids, 24, GREEDY)))
     with fast.decoding(model) as decoder:
         assert all(type(b.attn) is OneQueryAttention for b in model.blocks)
         got = decoder.generate(ids, 24, temperature=0)[0, 4:]

@@ -117,9 +117,9 @@ def test_reading_smollm2s_header_takes_little_memory(smollm2_gguf):
 # (a child process: this one has imported the compiler long ago)
 NO_COMPILER = """
 import sys
-from lumen.fast import load_blocks
+from lumen.fast import load_quantized
 from lumen.formats import load
-load(sys.argv[1]), load_blocks(sys.argv[1])
+load(sys.argv[1]), load_quantized(sys.argv[1])
 print([m for m in ("torch._dynamo", "torch._inductor", "sympy") if m in sys.modules])
 """
 

@@ -1,4 +1,4 @@
-"""glibc's heap as lumen sets it (lumen.heap): decoding hands large freed buffers back to the system, training
+"""glibc's heap as lumen sets it (lumen.runtime.heap): decoding hands large freed buffers back to the system, training
 keeps freed buffers for the next step. Each case runs in a fresh process (mallopt is process-wide), after a
 first small tensor (torch's one-time setup, its thread pool)."""
 
@@ -28,7 +28,7 @@ def test_freed_large_buffers_go_back_to_the_system_while_decoding():
     library code pages a first call maps in are resident either way)."""
     code = """
         import sys, torch
-        from lumen import heap
+        from lumen.runtime import heap
         if sys.argv[1] == "returned":
             heap.return_large_buffers()
         def resident():
@@ -51,7 +51,7 @@ def test_a_training_steps_freed_buffers_are_reused_not_faulted_in_again():
     runs of the same program here, so the default is no reference.)"""
     code = """
         import resource, torch
-        from lumen import heap
+        from lumen.runtime import heap
         def faults():
             return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         def resident():

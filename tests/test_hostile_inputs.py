@@ -413,15 +413,15 @@ def test_generate_and_count_bound_what_they_are_asked(tmp_path):
 
 
 def test_streamed_text_is_the_decoded_tokens_however_they_split():
-    """stream_text keeps a short tail of tokens, not all of them: what it prints must still equal decoding
+    """print_tokens keeps a short tail of tokens, not all of them: what it prints must still equal decoding
     every token at once (bytes of one character split across tokens; a BPE's spaces)."""
-    from lumen.cli.generate import stream_text
+    from lumen.cli.generate import print_tokens
 
     text = "naïve café — 東京 🙂 and so on. " * 40
     for tok in (ByteTokenizer(), train_bpe([text] * 5, vocab_size=300)):
         ids = tok.encode(text)
         out = io.StringIO()
-        assert stream_text((torch.tensor([i]) for i in ids), tok, out)[0] == len(ids)
+        assert print_tokens((torch.tensor([i]) for i in ids), tok, out)[0] == len(ids)
         assert out.getvalue() == tok.decode(ids) + "\n"
 
 

@@ -11,30 +11,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "code" / "lumen"
 
 # the reading house (the chapter's model and what a GPT needs to exist, decode, be named, counted and fail
-# clearly) and the utilities every room shares: errors, atomic files, the progress bar, the thread count, the
-# heap's settings, torch.compile's options
-CORE = {"config", "block", "attention", "model", "decode", "names", "accounting", "errors", "files", "progress",
-        "threads", "heap", "compiling", "cpu"}
+# clearly) and the utilities every room shares: errors, atomic files, the progress bar
+CORE = {"config", "block", "attention", "model", "decode", "names", "accounting", "errors", "files", "progress"}
+# the machine lumen runs on (the CPU's flags, the thread count, the heap's settings, torch.compile's options):
+# below the speed wing and the training loop, and the reading house never imports it
+RUNTIME = "runtime"
 # the speed wing: nothing but the command line imports it (bench/ does too, from outside the package)
 WING = "fast"
 # what may be imported by each layer above the core (the core itself is open to everyone)
 ALLOWED = {
+    RUNTIME: set(),
     "tokenizers": set(),
     "fetch": set(),
     "evaluate": set(),
     "prompts": {"tokenizers"},
     "formats": {"tokenizers", "fetch"},
     "data": {"tokenizers", "fetch", "formats"},
-    WING: {"tokenizers", "fetch", "formats"},
+    WING: {"tokenizers", "fetch", "formats", RUNTIME},
     "report": {"inspect", "tokenizers"},
-    "train": {"tokenizers", "data", "formats"},
+    "train": {"tokenizers", "data", "formats", RUNTIME},
     "inspect": {"tokenizers", "data", "evaluate", "formats", "prompts"},
     "practice": {"tokenizers", "data", "evaluate", "formats", "fetch", "inspect"},
     "features": {"tokenizers", "data", "formats", "inspect"},
     "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "prompts",
-                    "features"},
+                    "features", RUNTIME},
     "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments",
-            WING, "practice", "prompts", "features"},
+            WING, "practice", "prompts", "features", RUNTIME},
     "__main__": {"cli"},
 }
 

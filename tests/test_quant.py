@@ -19,18 +19,18 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import quants  # noqa: E402
 
 from helpers.cross import BUILDS, check_program  # noqa: E402
-from lumen import cpu  # noqa: E402
-from lumen.fast.quant import Blocks, QuantEmbedding, QuantLinear  # noqa: E402
-from lumen.formats.gguf import stored_blocks  # noqa: E402
+from lumen.fast.quant import QuantEmbedding, QuantLinear, QuantMatrix  # noqa: E402
+from lumen.formats.gguf import stored_quantized  # noqa: E402
+from lumen.runtime import cpu  # noqa: E402
 
 TYPES = [Q.Q4_1, Q.Q8_0]
 
 
-def blocks_from_gguf(tensor) -> Blocks:
+def blocks_from_gguf(tensor) -> QuantMatrix:
     """A matrix's blocks as formats.gguf reads them from the file, as lumen.fast keeps them."""
-    stored = stored_blocks(tensor)
+    stored = stored_quantized(tensor)
     assert stored is not None
-    return Blocks(*stored)
+    return QuantMatrix(*stored)
 
 
 def quantized_tensor(qtype, out: int = 96, n: int = 160, seed: int = 0):
@@ -74,7 +74,7 @@ def rounded_reference(x: torch.Tensor, tensor, reference: torch.Tensor) -> torch
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("out", [1, 7, 50, 96])
 def test_quads_hold_the_files_bytes_in_another_order(qtype, out, monkeypatch):
-    """Blocks keep a matrix in quads (quant.pack, a slab of rows at a time): four rows, four blocks at a time,
+    """QuantMatrix keep a matrix in quads (quant.pack, a slab of rows at a time): four rows, four blocks at a time,
     codes then scales (and minima). Each byte of the file's blocks is there once (the rows past the matrix are
     zeros), and `file_rows` gives back the file's layout, for every row, any slice and any list of rows."""
     from lumen.fast import quant
@@ -84,8 +84,8 @@ def test_quads_hold_the_files_bytes_in_another_order(qtype, out, monkeypatch):
 
     for n in (32, 96, 128, 544):  # 1, 3, 4 and 17 blocks: a row's last group of 1-4
         tensor, _ = quantized_tensor(qtype, out, n, seed=n)
-        codes, scale, minimum = stored_blocks(tensor)
-        blocks = Blocks(codes, scale, minimum)
+        codes, scale, minimum = stored_quantized(tensor)
+        blocks = QuantMatrix(codes, scale, minimum)
         file_bytes = np.asarray(tensor.data, dtype=np.uint8).reshape(-1)
         quads, zeros = blocks.quads.numpy().reshape(-1), (-out % ROWS) * file_bytes.size // out  # (padding rows)
         assert blocks.quads.shape[0] == -(-out // ROWS) and quads.size == file_bytes.size + zeros
@@ -209,12 +209,12 @@ def test_products_by_slabs_of_rows(monkeypatch):
     tensor, reference = quantized_tensor(Q.Q4_1, out=100, seed=3)
     layer = QuantLinear(blocks_from_gguf(tensor))
     x = torch.randn(2, 4, 160)
-    whole, row = layer(x), layer.blocks.rounded_row_product(x[0, 0])
+    whole, row = layer(x), layer.matrix.rounded_row_product(x[0, 0])
     monkeypatch.setattr(quant, "SLAB", 32)  # 32 + 32 + 32 + 4 rows
     sliced = layer(x)
     assert sliced.shape == whole.shape  # (another matrix shape may sum in another order: rounding only)
     torch.testing.assert_close(sliced, whole, rtol=1e-6, atol=1e-5)
-    torch.testing.assert_close(layer.blocks.rounded_row_product(x[0, 0]), row, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(layer.matrix.rounded_row_product(x[0, 0]), row, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(whole.double(), F.linear(x.double(), reference.double()), rtol=1e-5, atol=1e-4)
 
 
@@ -259,7 +259,7 @@ def test_kernels_without_their_build_tools_say_so(tmp_path, monkeypatch, capsys)
 
 def test_other_types_are_left_to_the_dequantizer():
     w = np.zeros((4, 32), dtype=np.float32)
-    assert stored_blocks(SimpleNamespace(data=w, tensor_type=Q.F32)) is None
+    assert stored_quantized(SimpleNamespace(data=w, tensor_type=Q.F32)) is None
 
 
 def teacher_forced(model, ids: torch.Tensor, continuation: torch.Tensor) -> torch.Tensor:
@@ -285,11 +285,11 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
     step, each of the 211 products by quant.cpp equals torch's formula's to float32 rounding (whole steps do
     not: a number rounded to the other side of a half-step changes the next layer's 8-bit x, as it would
     between any two such runs)."""
-    from lumen.fast import generate, load_blocks, quant
+    from lumen.fast import generate, load_quantized, quant
 
-    loaded = load_blocks(str(smollm2_gguf))
+    loaded = load_quantized(str(smollm2_gguf))
     model, tok = loaded.model, loaded.tokenizer
-    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.blocks is model.tok_emb.blocks
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.matrix is model.tok_emb.matrix
     prompts = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, a little fox"]
     with torch.inference_mode():
         for prompt in prompts:
@@ -318,7 +318,7 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
                 h.remove()
             assert len(inputs) == 30 * 7 + 1
             for layer, x in inputs.items():
-                b = layer.blocks
+                b = layer.matrix
                 torch.testing.assert_close(b.row_product(x), b.rounded_row_product(x), rtol=1e-5, atol=1e-4)
 
 
@@ -327,10 +327,10 @@ def test_smollm2_from_its_blocks_reads_a_prompt_as_the_float_model_and_answers(s
     """The real file's Q4_1/Q8_0 matrices kept as blocks (QuantLinear layers, the tied unembedding reading the
     embedding's blocks): a prompt's logits are the dequantized float32 model's to float32 rounding, and the
     first decoded token (8-bit x, the kernel or torch's formula) is still " Paris"."""
-    from lumen.fast import generate, load_blocks
+    from lumen.fast import generate, load_quantized
 
-    model = load_blocks("smollm2").model
-    assert isinstance(model.blocks[0].attn.q, QuantLinear) and model.lm_head.blocks is model.tok_emb.blocks
+    model = load_quantized("smollm2").model
+    assert isinstance(model.blocks[0].attn.q, QuantLinear) and model.lm_head.matrix is model.tok_emb.matrix
     ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is")])
     with torch.inference_mode():
         torch.testing.assert_close(model(ids)[0], smollm2(ids)[0], rtol=0, atol=1e-3)
@@ -357,13 +357,13 @@ def test_a_small_file_from_its_blocks_and_damaged_numbers(tmp_path):
 
     from helpers.gguf import tiny_model, write_gguf
     from lumen.errors import ModelFileError
-    from lumen.fast import load_blocks
+    from lumen.fast import load_quantized
     from lumen.formats import load
 
     path = tmp_path / "tiny.gguf"
     write_gguf(path, tiny_model(), {"token_embd.weight": Q.Q8_0, "blk.0.ffn_up.weight": Q.Q4_1,
                                     "blk.1.attn_q.weight": Q.Q4_1, "blk.1.ffn_down.weight": Q.Q8_0})
-    model, reference = load_blocks(str(path)).model, load(path).model
+    model, reference = load_quantized(str(path)).model, load(path).model
     assert isinstance(model.blocks[1].attn.q, QuantLinear)
     ids = torch.tensor([[5, 9, 2, 30, 7]])
     with torch.inference_mode():
@@ -379,7 +379,7 @@ def test_a_small_file_from_its_blocks_and_damaged_numbers(tmp_path):
         bad = tmp_path / "bad.gguf"
         bad.write_bytes(bytes(data))
         with pytest.raises(ModelFileError, match=rf"bad\.gguf.*{re.escape(said)}.*NaN"):
-            load_blocks(str(bad))
+            load_quantized(str(bad))
 
 
 def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
@@ -387,7 +387,7 @@ def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
     stack each, their blocks rows of it (no memory added); a decoded token's products, and a prompt's, are
     each matrix's own products (computed before sharing); mixed types stay apart; unshare_rows undoes it."""
     from helpers.gguf import tiny_model, write_gguf
-    from lumen.fast import load_blocks
+    from lumen.fast import load_quantized
     from lumen.fast.quant import SharedQuantLinear, share_rows, unshare_rows
 
     path = tmp_path / "tiny.gguf"
@@ -395,7 +395,7 @@ def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
     types |= {"blk.0.ffn_gate.weight": Q.Q8_0, "blk.0.ffn_up.weight": Q.Q8_0}
     types |= {"blk.1.attn_q.weight": Q.Q4_1, "blk.1.attn_k.weight": Q.Q8_0, "blk.1.attn_v.weight": Q.Q4_1}
     write_gguf(path, tiny_model(), types)
-    model = load_blocks(str(path)).model
+    model = load_quantized(str(path)).model
     attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
     names = [(attn, "q"), (attn, "k"), (attn, "v"), (mlp, "w_gate"), (mlp, "w_up"), (model.blocks[1].attn, "q")]
     one, many = torch.randn(1, 1, 64), torch.randn(1, 5, 64)
@@ -405,12 +405,12 @@ def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
         layers = [getattr(m, n) for m, n in names]
         assert [type(x) is SharedQuantLinear for x in layers] == [True] * 5 + [False]
         for group in (layers[:3], layers[3:5]):
-            stack = group[0].shared.blocks.quads
+            stack = group[0].shared.matrix.quads
             assert all(x.shared is group[0].shared for x in group)
-            assert all(x.blocks.quads.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+            assert all(x.matrix.quads.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
                        for x in group)
             assert 4 * stack.shape[0] == sum(x.out_features for x in group)
-            assert stack.data_ptr() == group[0].blocks.quads.data_ptr()  # (one after another already: no copy)
+            assert stack.data_ptr() == group[0].matrix.quads.data_ptr()  # (one after another already: no copy)
         after = [(x(one), x(many)) for x in layers]
         for (y1, yn), (z1, zn) in zip(before, after):
             torch.testing.assert_close(z1, y1, rtol=1e-6, atol=1e-6)
@@ -423,17 +423,17 @@ def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
 
 
 def test_a_models_matrices_lie_in_one_stream_in_the_order_a_token_reads_them(tmp_path):
-    """load_blocks puts every matrix's quads in one buffer, block by block, each block's matrices in the order
+    """load_quantized puts every matrix's quads in one buffer, block by block, each block's matrices in the order
     its forward reads them, the (tied) unembedding last: the memory a product asks for ahead of its reads runs
     on into the next product's matrix."""
     from helpers.gguf import tiny_model, write_gguf
-    from lumen.fast import load_blocks
+    from lumen.fast import load_quantized
 
     path = tmp_path / "tiny.gguf"
     names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     types = {f"blk.{i}.{n}.weight": (Q.Q4_1, Q.Q8_0)[(i + j) % 2] for i in range(2) for j, n in enumerate(names)}
     write_gguf(path, tiny_model(), {"token_embd.weight": Q.Q8_0, **types})
-    model = load_blocks(str(path)).model
+    model = load_quantized(str(path)).model
     reads = []  # the matrices in the order a decoded token multiplies them
     hooks = [m.register_forward_pre_hook(lambda m, args: reads.append(m.blocks))
              for m in model.modules() if isinstance(m, QuantLinear)]
@@ -441,7 +441,7 @@ def test_a_models_matrices_lie_in_one_stream_in_the_order_a_token_reads_them(tmp
         model(torch.tensor([[3]]))
     for h in hooks:
         h.remove()
-    assert len(reads) == len({id(b) for b in reads}) == 2 * 7 + 1 and reads[-1] is model.tok_emb.blocks
+    assert len(reads) == len({id(b) for b in reads}) == 2 * 7 + 1 and reads[-1] is model.tok_emb.matrix
     stream = reads[0].quads
     for a, b in zip(reads, reads[1:]):
         assert b.quads.untyped_storage().data_ptr() == stream.untyped_storage().data_ptr()

@@ -1,11 +1,11 @@
-"""lumen.threads: the tuner keeps whichever thread count the step times say is fastest, and follows changes."""
+"""lumen.runtime.threads: the tuner keeps whichever thread count the step times say is fastest, and follows changes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lumen.threads import ThreadTuner, thread_choices, tuned
+from lumen.runtime.threads import ThreadTuner, thread_choices, tuned
 
 
 @pytest.fixture(autouse=True)
@@ -133,7 +133,7 @@ def test_a_freed_core_is_found_by_its_idleness(monkeypatch):
     """Chosen at one thread beside a busy process, the tuner cannot see the process leave in its own steps
     (one thread is as fast either way); the cores' idle time shows it, and it moves to two threads long before
     its periodic retrial. Without the idle reading it stays at one thread."""
-    import lumen.threads as threads
+    import lumen.runtime.threads as threads
 
     def settle(idle: bool) -> tuple[ThreadTuner, Machine, list[int]]:
         m = Machine()

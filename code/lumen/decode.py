@@ -4,7 +4,7 @@
     >>> idx = torch.tensor([[1, 2, 3]])
     >>> generate(model, idx, 20, temperature=0).shape        # greedy; past the 16-token context the window slides
     torch.Size([1, 23])
-    >>> next(stream(model, idx, 5, Sampling(temperature=0.8, top_p=0.95))).shape   # one new id per row
+    >>> next(tokens(model, idx, 5, Sampling(temperature=0.8, top_p=0.95))).shape   # one new id per row
     torch.Size([1])
 
 How the next token is chosen is a `Sampling`: lumen's defaults, the model's own (`model.sampling`, read by
@@ -109,7 +109,7 @@ Step = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
 
 
 @torch.inference_mode()
-def stream(
+def tokens(
     model: GPT,
     idx: torch.Tensor,
     max_new_tokens: int,
@@ -177,7 +177,17 @@ def generate(
     """idx (B, T) followed by max_new_tokens sampled tokens: (B, T + max_new_tokens), any number of them
     (past the context the window slides). temperature (0 is greedy), top_k, top_p: as in `Sampling`;
     what is not given comes from `sampling_for(model)`. A seeded torch.Generator repeats a sample.
-    mask: a left-padded batch's real tokens (see `stream`); each row keeps its padding in front."""
+    mask: a left-padded batch's real tokens (see `tokens`); each row keeps its padding in front."""
     sampling = sampling_for(model, temperature=temperature, top_k=top_k, top_p=top_p)
-    new = list(stream(model, idx, max_new_tokens, sampling, generator, use_cache, mask=mask))
+    new = list(tokens(model, idx, max_new_tokens, sampling, generator, use_cache, mask=mask))
     return torch.cat([idx] + [t[:, None] for t in new], dim=1)
+
+
+def __getattr__(name: str) -> object:
+    """The old name of `tokens`, for one release ("stream" is the residual stream)."""
+    if name == "stream":
+        import warnings
+
+        warnings.warn("lumen.decode.stream is now lumen.decode.tokens", DeprecationWarning, stacklevel=2)
+        return tokens
+    raise AttributeError(f"module 'lumen.decode' has no attribute {name!r}")

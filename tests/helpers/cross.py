@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lumen import cpu
+from lumen.runtime import cpu
 
 # name: (compiler, flags, emulator)
 BUILDS = {

@@ -12,7 +12,7 @@ import sys
 
 from .. import experiments
 from ..experiments import EXPERIMENTS
-from ..threads import check_threads
+from ..runtime.threads import check_threads
 from .models import add_out_argument, add_quiet_argument, output_dir
 
 

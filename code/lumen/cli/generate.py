@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
         # the speed wing (compiled or packed, threads tuned); greedy eager steps check their logits (finite_logits)
         with decoding(loaded.model, compile) as decoder, \
                 finite_logits(loaded.model) if sampling.greedy and not compile else contextlib.nullcontext(), \
-                contextlib.closing(decoder.stream(idx, args.max_new_tokens, sampling, generator)) as steps:
-            n, seconds = stream_text(kept(steps, recent), tok, sys.stdout)
+                contextlib.closing(decoder.tokens(idx, args.max_new_tokens, sampling, generator)) as steps:
+            n, seconds = print_tokens(kept(steps, recent), tok, sys.stdout)
     except (NonFiniteLogits, RuntimeError) as e:
         # sampling: torch.multinomial refuses probabilities that are not finite (its own check: nothing added to
         # a step); greedy: finite_logits. Then, once, where the forward pass went non-finite (lumen.inspect.finite)
@@ -169,7 +169,7 @@ def describe(sampling: Sampling, source: str, seed: int) -> str:
             "--greedy takes the most likely token")
 
 
-def stream_text(steps, tok, out) -> tuple[int, float]:
+def print_tokens(steps, tok, out) -> tuple[int, float]:
     """Print each new piece of text as its tokens arrive; stop at the end-of-sequence token; return how many
     tokens were printed and the seconds they took after the first (which holds the prompt and any compiling).
 

@@ -107,18 +107,18 @@ def read_windows(model, tok, args: argparse.Namespace, split: str, count: int, s
 
 
 def load_model(spec: str, dtype: str = "float32", weights: str = "float"):
-    """lumen.formats.load(spec), or with weights="gguf" the speed wing's lumen.fast.load_blocks(spec) (a
+    """lumen.formats.load(spec), or with weights="gguf" the speed wing's lumen.fast.load_quantized(spec) (a
     GGUF's quantized blocks kept as stored); a failed download is a UserError."""
     from ..fetch import FetchError
     from ..formats import load
 
     try:
         if weights == "gguf":
-            from ..fast import load_blocks
+            from ..fast import load_quantized
 
             if dtype != "float32":
                 raise UserError("--weights gguf computes in float32 from the file's blocks (drop --dtype)")
-            return load_blocks(spec)
+            return load_quantized(spec)
         return load(spec, dtype=DTYPES[dtype])
     except FetchError as e:
         raise UserError(str(e)) from None

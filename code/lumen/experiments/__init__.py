@@ -21,10 +21,10 @@ from types import ModuleType
 
 import torch
 
-from .. import cpu
 from ..errors import MissingFileError, UserError
 from ..files import write_text
 from ..progress import progress
+from ..runtime import cpu
 from . import fit
 from .result import Result, Table
 

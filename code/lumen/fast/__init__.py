@@ -6,10 +6,10 @@ looked inside. What makes decoding fast lives here, and runs only when asked for
     >>> from lumen import fast
     >>> ids = fast.generate(model, idx, 64, temperature=0, compile=True)     # doctest: +SKIP
     >>> with fast.decoding(model) as decoder:        # the model made fast for a while     # doctest: +SKIP
-    ...     for token in decoder.stream(idx, 64): ...
-    >>> loaded = fast.load_blocks("smollm2")         # decode from a GGUF's own quantized blocks  # doctest: +SKIP
+    ...     for token in decoder.tokens(idx, 64): ...
+    >>> loaded = fast.load_quantized("smollm2")         # decode from a GGUF's own quantized blocks  # doctest: +SKIP
 
-- decoding.py: the door: `decoding(model, compile)`, `stream`, `generate` (lumen generate, bench/ and
+- decoding.py: the door: `decoding(model, compile)`, `tokens`, `generate` (lumen generate, bench/ and
   Python callers all go through it: the same speed and the same sampling defaults everywhere);
 - packing.py: FastLinear (one-row products compiled into fused loops; weights in oneDNN's packed layout for
   eager decoding; a float32 prompt through oneDNN), swapped in and out by the door;
@@ -19,7 +19,20 @@ looked inside. What makes decoding fast lives here, and runs only when asked for
 Each is tested to agree with the plain path (tests/test_packing.py, test_quant.py, test_generate.py).
 """
 
-from .decoding import Decoder, decoding, generate, stream
-from .quant import QuantEmbedding, QuantLinear, load_blocks
+import warnings
+from typing import Any
 
-__all__ = ["Decoder", "QuantEmbedding", "QuantLinear", "decoding", "generate", "load_blocks", "stream"]
+from .decoding import Decoder, decoding, generate, tokens
+from .quant import QuantEmbedding, QuantLinear, load_quantized
+
+__all__ = ["Decoder", "QuantEmbedding", "QuantLinear", "decoding", "generate", "load_quantized", "tokens"]
+
+# the old names, for one release: "block" is a transformer block, "stream" the residual stream
+_RENAMED = {"load_blocks": "load_quantized", "stream": "tokens"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        warnings.warn(f"lumen.fast.{name} is now lumen.fast.{_RENAMED[name]}", DeprecationWarning, stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module 'lumen.fast' has no attribute {name!r}")

@@ -29,12 +29,12 @@ import torch
 import torch.nn as nn
 
 from ..attention import KVCache, LayerCache
-from ..compiling import check_cpp_compiler
 from ..fetch import cache_dir
 from ..files import atomic_path
 from ..model import GPT
+from ..runtime.compiling import check_cpp_compiler
 from .decoding import DECODE_OPTIONS
-from .quant import Blocks, cpu_flags, kernels, loaded
+from .quant import QuantMatrix, cpu_flags, kernels, loaded
 
 # lumen's sources that a step's code follows from: a change to any of them compiles a new package
 SOURCES = ("model.py", "attention.py", "block.py", "config.py", "fast/attention.py", "fast/packing.py",
@@ -78,7 +78,7 @@ def options(model: GPT) -> dict:
     (float weights), its loops read the thread count when the step runs (`cpp.dynamic_threads`)."""
     # (inductor's settings as this process has them; a process that only loads packages never imports it)
     config = sys.modules.get("torch._inductor.config")
-    blocks = any(isinstance(m, Blocks) for m in model.modules()) and kernels()
+    blocks = any(isinstance(m, QuantMatrix) for m in model.modules()) and kernels()
     shims = {getattr(torch.ops.lumen, f"{kind}_row").default: [c] for kind, c in ROW_PRODUCTS.items()} if blocks else {}
     if loaded():  # (one_query_attention's step calls attend.cpp's kernel then)
         shims[torch.ops.lumen.attend_one.default] = [ATTEND_ONE]
@@ -133,7 +133,7 @@ def build(model: GPT, batch: int, slots: int, path: Path) -> None:
 
 
 class AOTStep:
-    """A decoding step as lumen.decode.stream calls it, `step(idx, cache=cache)`: a one-token step with a
+    """A decoding step as lumen.decode.tokens calls it, `step(idx, cache=cache)`: a one-token step with a
     cache runs the package of its batch and cache size (built the first time, then only loaded); anything
     else (a prompt, a padded batch, a re-read window) runs the model as it is."""
 

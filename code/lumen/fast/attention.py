@@ -14,9 +14,9 @@ reads it from the plain path).
     >>> import torch
     >>> from lumen import GPT, ModelConfig
     >>> model = GPT(ModelConfig.from_name("baby-llama")).eval()
-    >>> one_query_attention(model)     # every layer's attention (how many), until plain_attention(model)
+    >>> one_query_attention(model)     # every layer's attention (how many), until chapter_attention(model)
     6
-    >>> type(model.blocks[0].attn).__name__, plain_attention(model), type(model.blocks[0].attn).__name__
+    >>> type(model.blocks[0].attn).__name__, chapter_attention(model), type(model.blocks[0].attn).__name__
     ('OneQueryAttention', 6, 'MultiHeadAttention')
 """
 
@@ -74,7 +74,7 @@ def one_query_attention(model: nn.Module) -> int:
     return _swap(model, MultiHeadAttention, OneQueryAttention)
 
 
-def plain_attention(model: nn.Module) -> int:
+def chapter_attention(model: nn.Module) -> int:
     """Undo one_query_attention: the chapter's MultiHeadAttention again; returns how many."""
     return _swap(model, OneQueryAttention, MultiHeadAttention)
 

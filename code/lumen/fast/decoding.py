@@ -8,7 +8,7 @@ parameters (packing.py): compiled, a one-token step's products become fused loop
 the weights live in oneDNN's packed layout. A GGUF's blocks that multiply the same row (q, k and v; gate and
 up) are multiplied as one stack (quant.py's SharedRow). A single query attends without copying the cache's keys for
 each query head (attention.py). Each step's thread count is measured as the tokens come
-(lumen.threads: a busy machine is the normal case). On leaving, the model is the plain model again, the
+(lumen.runtime.threads: a busy machine is the normal case). On leaving, the model is the plain model again, the
 same parameters, bit for bit. The tokens are chosen exactly as lumen.decode chooses them (the same
 `Sampling`, the model's own defaults included); only their speed differs, and the numbers to float32
 rounding.
@@ -22,14 +22,14 @@ from collections.abc import Generator, Iterator
 
 import torch
 
-from ..compiling import COMPILE_OPTIONS, check_cpp_compiler
 from ..decode import Sampling, Step, sampling_for
-from ..decode import stream as plain_stream
+from ..decode import tokens as plain_tokens
 from ..errors import UserError
-from ..heap import return_large_buffers
 from ..model import GPT
-from ..threads import tuned
-from .attention import one_query_attention, plain_attention
+from ..runtime.compiling import COMPILE_OPTIONS, check_cpp_compiler
+from ..runtime.heap import return_large_buffers
+from ..runtime.threads import tuned
+from .attention import chapter_attention, one_query_attention
 from .packing import fast_linears, packed, plain_linears
 from .quant import kernels, share_rows, unshare_rows
 
@@ -59,12 +59,12 @@ class Decoder:
             # tensor, so a one-token step compiles once; the weights stay inputs of the graph
             self.step = torch.compile(model, dynamic=False, options=DECODE_OPTIONS)
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,
+    def tokens(self, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,
                generator: torch.Generator | None = None) -> Generator[torch.Tensor, None, None]:
-        """lumen.decode.stream's tokens (B,) one step at a time, through this decoder's step, with the
+        """lumen.decode.tokens's tokens (B,) one step at a time, through this decoder's step, with the
         thread count tuned as they come."""
         slots = -(-(idx.size(1) + max_new_tokens) // SLOTS) * SLOTS if self.compile else None
-        return tuned(frozen(plain_stream(self.model, idx, max_new_tokens, sampling, generator, step=self.step,
+        return tuned(frozen(plain_tokens(self.model, idx, max_new_tokens, sampling, generator, step=self.step,
                                          cache_slots=slots)))
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float | None = None,
@@ -72,7 +72,7 @@ class Decoder:
                  generator: torch.Generator | None = None) -> torch.Tensor:
         """As lumen.decode.generate: idx followed by max_new_tokens tokens, (B, T + max_new_tokens)."""
         sampling = sampling_for(self.model, temperature=temperature, top_k=top_k, top_p=top_p)
-        new = list(self.stream(idx, max_new_tokens, sampling, generator))
+        new = list(self.tokens(idx, max_new_tokens, sampling, generator))
         return torch.cat([idx] + [t[:, None] for t in new], dim=1)
 
 
@@ -111,16 +111,16 @@ def decoding(model: GPT, compile: bool | str = False) -> Iterator[Decoder]:
         with contextlib.nullcontext() if compile else packed(model):  # eager: oneDNN's layout
             yield Decoder(model, compile)
     finally:
-        plain_attention(model)
+        chapter_attention(model)
         unshare_rows(model)
         plain_linears(model)
 
 
-def stream(model: GPT, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,
+def tokens(model: GPT, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,
            generator: torch.Generator | None = None, compile: bool | str = False) -> Iterator[torch.Tensor]:
-    """lumen.decode.stream, fast: the tokens (B,) one step at a time (see `decoding`)."""
+    """lumen.decode.tokens, fast: the tokens (B,) one step at a time (see `decoding`)."""
     with decoding(model, compile) as decoder:
-        yield from decoder.stream(idx, max_new_tokens, sampling, generator)
+        yield from decoder.tokens(idx, max_new_tokens, sampling, generator)
 
 
 def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: float | None = None,

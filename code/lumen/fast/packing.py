@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import cpu
+from ..runtime import cpu
 
 # whether this PyTorch has oneDNN's packed linear: asked once, here (torch.compile cannot trace the question,
 # and a compiled prompt that asked it would break its graph and run eager)

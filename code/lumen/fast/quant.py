@@ -12,14 +12,14 @@ and scaled once (the minimum multiplies the exact float sum of x):
     y_o = sum over blocks b of  d_ob dx_b (sum_j q_obj xq_bj)  +  m_ob (sum_j x_bj)
 
 A token's products read the weights once, from memory: the bytes, not the arithmetic, set their pace. So the
-blocks are kept in quads (`pack`): the file's bytes reordered into one stream, four rows and four blocks
+blocks are kept in quads (`pack`): the file's bytes reordered into one run, four rows and four blocks
 at a time, each group's codes followed by its scales and minima, which one pass of x serves four rows at a
 time. `quant.cpp` computes this with the CPU's byte dot-product instructions (built once per machine, under
 the lumen cache); `rounded_row_product` is the same formula in torch, its reference and its stand-in where it
 does not build. Many rows (a prompt, an evaluation, a lens) multiply the dequantized weights, a slab of rows
 at a time: those logits are the dequantized float32 model's (`lumen.formats.load`) to float32 rounding.
 
-    >>> loaded = load_blocks("smollm2")                          # doctest: +SKIP
+    >>> loaded = load_quantized("smollm2")                          # doctest: +SKIP
     >>> lumen.fast.generate(loaded.model, ids, 64, temperature=0, compile=True)   # doctest: +SKIP
 """
 
@@ -37,11 +37,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import cpu
 from ..fetch import cache_dir
 from ..files import atomic_path
 from ..formats import Loaded, build, read
-from ..heap import hand_back_free_memory
+from ..runtime import cpu
+from ..runtime.heap import hand_back_free_memory
 from . import attention  # noqa: F401  (defines lumen::attend_one: the library built here holds its kernel too)
 
 BLOCK = 32  # numbers per block, for both types
@@ -81,7 +81,7 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
 def cpu_flags() -> str:
-    """The CPU's name and its own instruction-set flags (lumen.cpu): what code built with -march=native
+    """The CPU's name and its own instruction-set flags (lumen.runtime.cpu): what code built with -march=native
     follows from (a cache key)."""
     return f"{cpu.name()} {cpu.arch()} {' '.join(sorted(cpu.machine_flags()))}"
 
@@ -156,8 +156,8 @@ def quads_shape(scale: torch.Tensor, minimum: torch.Tensor | None) -> tuple[int,
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None,
          into: torch.Tensor | None = None) -> torch.Tensor:
-    """A matrix's blocks (as `formats.gguf.stored_blocks` reads them) in quads, the layout quant.cpp streams:
-    (ceil(out / 4), bytes of four rows) uint8. A quad's bytes are its groups of four blocks (a row's last
+    """A matrix's blocks (as `formats.gguf.stored_quantized` reads them) in quads, the layout quant.cpp reads front
+    to back: (ceil(out / 4), bytes of four rows) uint8. A quad's bytes are its groups of four blocks (a row's last
     group: its last 1-3), each group the four rows' codes one row after another, then the group's scales and,
     for Q4_1, its minima, block by block, the four rows' of a block together (float16). Rows past the matrix
     (out not a multiple of 4) are zeros. The same bytes, in another order: `unpack` gives them back. into: a
@@ -198,7 +198,7 @@ def unpack(quads: torch.Tensor, nb: int, kind: str) -> tuple[torch.Tensor, torch
     return code if kind == "Q4_1" else code.view(torch.int8), scale, minimum[0] if minimum else None
 
 
-class Blocks(nn.Module):
+class QuantMatrix(nn.Module):
     """A (out, in) matrix as the file's blocks: per block of 32 numbers of a row, its codes (Q8_0: int8, one a
     number; Q4_1: 0..15, two a byte, a block's numbers 0-15 in the low halves of its 16 bytes and 16-31 in the
     high halves), its scale and, for Q4_1, its minimum (the file's float16). Kept in quads (`pack`): the file's
@@ -212,14 +212,14 @@ class Blocks(nn.Module):
         if scale.dtype != torch.float16 or (minimum is not None and minimum.dtype != torch.float16):
             raise ValueError("a block's scale and minimum are the file's float16 numbers")
         self.out, self.row_blocks, self.kind = scale.shape[0], scale.shape[1], "Q8_0" if minimum is None else "Q4_1"
-        self.register_buffer("quads", pack(codes, scale, minimum, into))  # (into: a place in a model's stream)
+        self.register_buffer("quads", pack(codes, scale, minimum, into))  # (into: a place in a model's one buffer)
         kernels()  # built (or found wanting) now, at load time, not while torch.compile traces
 
     @classmethod
-    def stack(cls, parts: list[Blocks]) -> Blocks:
+    def stack(cls, parts: list[QuantMatrix]) -> QuantMatrix:
         """One matrix of the parts' rows, one part after another (each a multiple of 4 rows): the parts' quads
         become views of its quads (no memory added). Parts that lie one after another in memory already (a
-        model's stream, `load_blocks`) stay where they are: the stack is a view of them."""
+        model's one buffer, `load_quantized`) stay where they are: the stack is a view of them."""
         assert all(p.out % ROWS == 0 and (p.kind, p.row_blocks) == (parts[0].kind, parts[0].row_blocks) for p in parts)
         stacked = cls.__new__(cls)
         nn.Module.__init__(stacked)
@@ -309,20 +309,20 @@ class Blocks(nn.Module):
 class QuantLinear(nn.Module):
     """A bias-free linear layer whose weight stays in the file's blocks."""
 
-    def __init__(self, blocks: Blocks):
+    def __init__(self, blocks: QuantMatrix):
         super().__init__()
-        self.blocks = blocks
+        self.matrix = blocks
         self.out_features, self.in_features = blocks.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[:-1].numel() == 1:
-            return self.blocks.row_product(x).to(x.dtype)  # a decoded token: 8-bit x, integer products
+            return self.matrix.row_product(x).to(x.dtype)  # a decoded token: 8-bit x, integer products
         # many rows: a slab of rows at a time, so that a 49k-row unembedding never stands whole in float32
-        return torch.cat([F.linear(x, self.blocks.dequantized(slice(i, i + SLAB)).to(x.dtype))
+        return torch.cat([F.linear(x, self.matrix.dequantized(slice(i, i + SLAB)).to(x.dtype))
                           for i in range(0, self.out_features, SLAB)], -1)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features} -> {self.out_features}, {self.blocks.kind} blocks of {BLOCK}"
+        return f"{self.in_features} -> {self.out_features}, {self.matrix.kind} blocks of {BLOCK}"
 
 
 class SharedRow(nn.Module):
@@ -333,7 +333,7 @@ class SharedRow(nn.Module):
 
     def __init__(self, layers: list[QuantLinear]):
         super().__init__()
-        self.blocks = Blocks.stack([layer.blocks for layer in layers])
+        self.matrix = QuantMatrix.stack([layer.matrix for layer in layers])
         self.sizes = [layer.out_features for layer in layers]
         self.row: torch.Tensor | None = None  # the row whose products wait to be read, and them
         self.products: list[torch.Tensor] = []
@@ -342,14 +342,14 @@ class SharedRow(nn.Module):
         """The i-th matrix's product of one row x: the stack's product, computed when the first of them asks
         for it with this x (the same tensor, by identity) and let go when the last has read it."""
         if self.row is not x:
-            self.row, self.products = x, list(self.blocks.row_product(x).split(self.sizes, -1))
+            self.row, self.products = x, list(self.matrix.row_product(x).split(self.sizes, -1))
         y = self.products[i]
         if i == len(self.sizes) - 1:
             self.row, self.products = None, []
         return y
 
     def extra_repr(self) -> str:
-        return f"{' + '.join(map(str, self.sizes))} rows of {self.blocks.shape[1]}, one product"
+        return f"{' + '.join(map(str, self.sizes))} rows of {self.matrix.shape[1]}, one product"
 
 
 class SharedQuantLinear(QuantLinear):
@@ -378,7 +378,7 @@ def share_rows(model: nn.Module) -> int:
             layers = [getattr(parent, name, None) for name in names]
             if not all(type(layer) is QuantLinear for layer in layers):
                 continue
-            if len({(layer.blocks.kind, layer.in_features) for layer in layers}) != 1:  # type: ignore[union-attr]
+            if len({(layer.matrix.kind, layer.in_features) for layer in layers}) != 1:  # type: ignore[union-attr]
                 continue
             if any(layer.out_features % ROWS for layer in layers):  # type: ignore[union-attr]
                 continue  # (a stack's parts are whole quads of rows)
@@ -405,16 +405,16 @@ def unshare_rows(model: nn.Module) -> int:
 class QuantEmbedding(nn.Module):
     """An embedding table kept in blocks: each looked-up row dequantized on the way out."""
 
-    def __init__(self, blocks: Blocks):
+    def __init__(self, blocks: QuantMatrix):
         super().__init__()
-        self.blocks = blocks
+        self.matrix = blocks
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.blocks.dequantized(idx)
+        return self.matrix.dequantized(idx)
 
     def extra_repr(self) -> str:
-        out, n = self.blocks.shape
-        return f"{out} rows of {n}, {self.blocks.kind} blocks of {BLOCK}"
+        out, n = self.matrix.shape
+        return f"{out} rows of {n}, {self.matrix.kind} blocks of {BLOCK}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,32 +434,32 @@ def reading_order(name: str, tied: bool) -> tuple:
     return (2, layer)
 
 
-def load_blocks(spec: str, device: str | torch.device = "cpu") -> Loaded:
+def load_quantized(spec: str, device: str | torch.device = "cpu") -> Loaded:
     """A GGUF model (smollm2 or a .gguf file) whose Q8_0/Q4_1 matrices stay as the file's blocks: every such
     linear layer a QuantLinear, the embedding a QuantEmbedding (a tied unembedding reads the same blocks),
     the rest (the norms) as lumen.formats reads them. Activations are float32. The matrices' quads lie in one
     buffer in the order a decoded token reads them (`reading_order`): the memory a product asks for ahead of
     its reads runs on into the next matrix's. On a device other than the CPU
-    a decoded token's product is torch's formula (`Blocks.rounded_row_product`): quant.cpp is a CPU kernel.
+    a decoded token's product is torch's formula (`QuantMatrix.rounded_row_product`): quant.cpp is a CPU kernel.
 
-        >>> loaded = load_blocks("smollm2")                         # doctest: +SKIP
+        >>> loaded = load_quantized("smollm2")                         # doctest: +SKIP
         >>> loaded.model.blocks[0].attn.q.blocks                    # doctest: +SKIP
-        Blocks(576 x 576, Q4_1)
+        QuantMatrix(576 x 576, Q4_1)
     """
-    w = read(spec, blocks=True)
+    w = read(spec, quantized=True)
     parts: dict[str, nn.Module] = {}
-    order = sorted(w.blocks, key=lambda name: reading_order(name, w.cfg.tie_embeddings))
-    shapes = {name: quads_shape(*w.blocks[name][1:]) for name in order}
-    stream = torch.empty(sum(q * b for q, b in shapes.values()), dtype=torch.uint8)
+    order = sorted(w.quantized, key=lambda name: reading_order(name, w.cfg.tie_embeddings))
+    shapes = {name: quads_shape(*w.quantized[name][1:]) for name in order}
+    buffer = torch.empty(sum(q * b for q, b in shapes.values()), dtype=torch.uint8)
     at = 0
-    for name in order:  # (each matrix's file layout let go once it is in the stream: no second copy)
+    for name in order:  # (each matrix's file layout let go once it is in the buffer: no second copy)
         size = shapes[name][0] * shapes[name][1]
-        into = stream[at: at + size].view(shapes[name])
-        layer, blocks = name.removesuffix(".weight"), Blocks(*w.blocks.pop(name), into=into)
+        into = buffer[at: at + size].view(shapes[name])
+        layer, blocks = name.removesuffix(".weight"), QuantMatrix(*w.quantized.pop(name), into=into)
         parts[layer] = QuantEmbedding(blocks) if layer == "tok_emb" else QuantLinear(blocks)
         at += size
         hand_back_free_memory()  # (the file layout's buffers, freed: else the heap keeps them, ~60 MiB here)
     embedding = parts.get("tok_emb")
     if w.cfg.tie_embeddings and isinstance(embedding, QuantEmbedding):
-        parts["lm_head"] = QuantLinear(embedding.blocks)  # the same blocks, read as the unembedding
+        parts["lm_head"] = QuantLinear(embedding.matrix)  # the same blocks, read as the unembedding
     return Loaded(build(w, device, parts=parts), w.tokenizer, spec)

@@ -66,16 +66,16 @@ def build(w: Weights, device: str | torch.device | None = "cpu", dtype: torch.dt
     return model
 
 
-def read(spec: str, blocks: bool = False) -> Weights:
-    """What a spec's files hold, read and checked but not built. blocks=True: a GGUF's quantized matrices
-    stay as the file's blocks (lumen.fast.load_blocks builds from them); any other spec is refused then."""
+def read(spec: str, quantized: bool = False) -> Weights:
+    """What a spec's files hold, read and checked but not built. quantized=True: a GGUF's quantized matrices
+    stay as the file's blocks (lumen.fast.load_quantized builds from them); any other spec is refused then."""
     kind, path = resolve(spec)
-    if blocks and kind != "gguf":
+    if quantized and kind != "gguf":
         raise UserError(f"--weights gguf needs a GGUF model ({', '.join(MODELS)} or a .gguf file), not {spec!r}")
     if kind == "gguf":
         from .gguf import read_gguf
 
-        w = read_gguf(path, blocks)
+        w = read_gguf(path, quantized)
     elif kind == "hf":
         from .hf import read_hf_dir
 

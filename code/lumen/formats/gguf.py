@@ -588,17 +588,17 @@ def _list_of(meta: dict, key: str, kind: type, required: bool = False) -> list:
 
 
 # ---------------------------------------------------------------------------------------------
-def read_gguf(path: str | Path, blocks: bool = False) -> Weights:
+def read_gguf(path: str | Path, quantized: bool = False) -> Weights:
     """The config, tensors in lumen's names and tokenizer of a GGUF file; whatever is wrong with the file is a
-    GGUFError naming it. blocks=True keeps the Q8_0/Q4_1 matrices as the file's blocks (`stored_blocks`, in
-    Weights.blocks: lumen.fast decodes from them) and dequantizes only the rest (the norms)."""
+    GGUFError naming it. quantized=True keeps the Q8_0/Q4_1 matrices as the file's blocks (`stored_quantized`, in
+    Weights.quantized: lumen.fast decodes from them) and dequantizes only the rest (the norms)."""
     try:
-        return _read_gguf(path, blocks)
+        return _read_gguf(path, quantized)
     except MemoryError:  # (numpy's copies of the tensors; the mapping itself is refused in _Header)
         raise too_large(Path(path), "reading its tensors") from None
 
 
-def _read_gguf(path: str | Path, blocks: bool) -> Weights:
+def _read_gguf(path: str | Path, quantized: bool) -> Weights:
     with naming(path):
         file, cfg, tok = read_header(path)
         table = ARCHITECTURES[file.arch]
@@ -617,7 +617,7 @@ def _read_gguf(path: str | Path, blocks: bool) -> Weights:
                 continue
             name = parts[0]
             heads = _permuted_heads(name, cfg, table)
-            kept = stored_blocks(t) if blocks and name.endswith(".weight") else None
+            kept = stored_quantized(t) if quantized and name.endswith(".weight") else None
             if kept is None:
                 w = torch.from_numpy(dequantize(t))
                 if table.norm_plus_one and t.name.endswith("norm.weight"):
@@ -632,7 +632,7 @@ def _read_gguf(path: str | Path, blocks: bool) -> Weights:
             if heads:  # whole rows move: each row's blocks stay intact
                 codes, scale = unpermute(codes, heads), unpermute(scale, heads)
                 minimum = unpermute(minimum, heads) if minimum is not None else None
-            out.blocks[name] = (codes, scale, minimum)
+            out.quantized[name] = (codes, scale, minimum)
             release(file)
     return out
 
@@ -673,7 +673,7 @@ def read_header(path: str | Path) -> tuple[GGUFFile, ModelConfig, HFTokenizer]:
     return file, cfg, tok
 
 
-def stored_blocks(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+def stored_quantized(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
     """A Q8_0 or Q4_1 tensor's blocks as the file stores them (None for any other type): (codes, scale,
     minimum). A block is 32 numbers of one row. Q8_0: w = d q, codes (out, in) int8, one scale d per block.
     Q4_1: w = d q + m, codes (out, in / 2) uint8, two to a byte (a block's numbers 0-15 in the low halves of

@@ -21,7 +21,7 @@ class Weights:
     names, the tokenizer and sampling defaults if the files carry them, and `source` (a file or folder, for
     messages). `GPT.from_state` builds the model (lumen.formats.load does, once for every format).
 
-    blocks: for `read_gguf(path, blocks=True)` only, the Q8_0/Q4_1 matrices kept as the file's blocks,
+    quantized: for `read_gguf(path, quantized=True)` only, the Q8_0/Q4_1 matrices kept as the file's blocks,
     (codes, scale, minimum) by parameter name (not in `state`); lumen.fast builds layers from them."""
 
     cfg: ModelConfig
@@ -29,7 +29,7 @@ class Weights:
     source: str
     tokenizer: Tokenizer | None = None
     sampling: Sampling | None = None
-    blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+    quantized: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
 
 # the dtypes weights are kept in as stored (GPT.from_state casts them to the dtype asked for)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

@@ -7,7 +7,7 @@ compile and warm the caches: their time is not the budget's) and chooses its ste
     steps = steps taken  +  (budget - time the timed steps took) / seconds per step        (rounded to tens)
 
 Seconds per step is the median of the timed steps: a step that compiles again (the thread tuner trying
-another count, lumen.threads) is an outlier, not the typical step.
+another count, lumen.runtime.threads) is an outlier, not the typical step.
 
 The steps timed are real steps, taken while the learning rate still ramps up (warm-up: a rate that does
 not depend on the step count), so the chosen count is the run's from its first step: the schedule

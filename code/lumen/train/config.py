@@ -32,7 +32,7 @@ from ..config import ModelConfig
 from ..data import TokenData, prepare
 from ..errors import ConfigError, LumenError, MissingFileError
 from ..files import read_toml
-from ..threads import check_threads
+from ..runtime.threads import check_threads
 from ..tokenizers import Tokenizer
 from .budget import MIN_WARMUP
 from .optim import OPTIMIZERS, SCHEDULES
@@ -81,7 +81,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 where supported) | float32 | bfloat16
     compile: bool = False  # torch.compile the model
-    threads: int = 0  # torch CPU threads; 0 = chosen as the run goes (lumen.threads), N pins N
+    threads: int = 0  # torch CPU threads; 0 = chosen as the run goes (lumen.runtime.threads), N pins N
     parallel: str = "ddp"  # under torchrun: ddp (a whole copy per process) | fsdp (sharded: lumen.train.distributed)
     seed: int = 1337
     # watching and keeping

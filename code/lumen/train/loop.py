@@ -25,14 +25,14 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from .. import cpu
-from ..compiling import COMPILE_OPTIONS
 from ..config import ModelConfig
 from ..data import TokenData
-from ..decode import Sampling, stream
+from ..decode import Sampling, tokens
 from ..errors import ConfigError, TrainingError, UserError
 from ..model import GPT
-from ..threads import ThreadTuner, cpu_count
+from ..runtime import cpu
+from ..runtime.compiling import COMPILE_OPTIONS
+from ..runtime.threads import ThreadTuner, cpu_count
 from . import distributed
 from .budget import StepBudget
 from .config import TrainConfig, check_memory
@@ -280,7 +280,7 @@ class Trainer:
         gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.raw.eval()
         with self.autocast():
-            ids = list(stream(self.raw, idx, cfg.sample_tokens, Sampling(cfg.temperature, top_p=None), gen,
+            ids = list(tokens(self.raw, idx, cfg.sample_tokens, Sampling(cfg.temperature, top_p=None), gen,
                               use_cache=idx.size(1) + cfg.sample_tokens <= self.T))
         self.raw.train()
         return self.tokenizer.decode(prompt + [int(t[0]) for t in ids])

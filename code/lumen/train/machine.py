@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from .. import cpu
-from ..compiling import check_cpp_compiler
 from ..errors import ConfigError
-from ..heap import reuse_freed_buffers
 from ..model import GPT, plain_attention
+from ..runtime import cpu
+from ..runtime.compiling import check_cpp_compiler
+from ..runtime.heap import reuse_freed_buffers
 from .config import TrainConfig
 
 
@@ -55,7 +55,7 @@ def use_bf16(dtype: str, device: torch.device) -> bool:
 @contextlib.contextmanager
 def run_settings(cfg: TrainConfig) -> Iterator[None]:
     """The process-wide settings a run changes (torch's threads; deterministic mode when compiled on a CPU; on a
-    CPU, freed buffers kept for the next step: lumen.heap), restored however the run ends, a failed start
+    CPU, freed buffers kept for the next step: lumen.runtime.heap), restored however the run ends, a failed start
     included."""
     on_cpu = resolve_device(cfg.device).type == "cpu"
     compiled_on_cpu = cfg.compile and on_cpu

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 import torch
 
-from .errors import LumenError, UserError
+from ..errors import LumenError, UserError
 
 T = TypeVar("T")
 
@@ -186,7 +186,7 @@ class ThreadTuner:
 
 
 def tuned(steps: Iterable[T], tuner: ThreadTuner | None = None) -> Generator[T, None, None]:
-    """Yield from steps (e.g. `lumen.decode.stream(...)`, one token each), timing how long each took to make and
+    """Yield from steps (e.g. `lumen.decode.tokens(...)`, one token each), timing how long each took to make and
     letting a ThreadTuner choose the thread count for the next; torch's count is restored at the end."""
     tuner = tuner or ThreadTuner()
     before = torch.get_num_threads()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # Inductor writes tanh on CPU as a long vector polynomial; as 2 / (1 + e^(-2u)) - 1, the same function to
 # float32 rounding, GELU's forward and backward cost far less (docs/speed.md measures it). Other devices ignore it.

@@ -4,7 +4,7 @@ Every path that needs more than a plain x86-64 or ARM64 CPU (oneDNN's bf16 kerne
 dot-product instructions) asks here first and takes a working path otherwise: a library kernel that a CPU
 lacks raises, mid-run, an error that names an instruction set the user never heard of.
 
-    >>> from lumen import cpu
+    >>> from lumen.runtime import cpu
     >>> cpu.has("avx2")                          # doctest: +SKIP
     True
     >>> cpu.onednn_bf16()                        # oneDNN's bf16 kernels run here   # doctest: +SKIP
