@@ -321,8 +321,9 @@ def test_an_experiment_shows_its_training_steps_on_a_terminal(monkeypatch):
 
     def tiny_run(quick, seed):
         model = GPT(ModelConfig(vocab_size=16, context=8, d_model=16, n_layers=1, n_heads=2))
-        x = torch.randint(0, 16, (2, 8))
-        fit.fit(model, lambda step: (x, x), steps=3)
+        x = torch.randint(0, 16, (8,))
+        data = fit.TaskData(lambda gen: (x, x), vocab_size=16, context=8)   # the experiments' way into the loop
+        fit.train_lm(model, data, steps=3, batch_size=2, eval_windows=2)
         counted.append(fit.BAR.n)  # (tqdm redraws at most every 0.1 s: three fast steps may never be drawn)
         return Result("norms", "", [], "")
 

@@ -435,7 +435,7 @@ def test_a_models_matrices_lie_in_one_stream_in_the_order_a_token_reads_them(tmp
     write_gguf(path, tiny_model(), {"token_embd.weight": Q.Q8_0, **types})
     model = load_quantized(str(path)).model
     reads = []  # the matrices in the order a decoded token multiplies them
-    hooks = [m.register_forward_pre_hook(lambda m, args: reads.append(m.blocks))
+    hooks = [m.register_forward_pre_hook(lambda m, args: reads.append(m.matrix))
              for m in model.modules() if isinstance(m, QuantLinear)]
     with torch.inference_mode():
         model(torch.tensor([[3]]))

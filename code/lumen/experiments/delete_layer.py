@@ -48,7 +48,7 @@ def tables(n: dict, s: Size) -> list[Table]:
     rows = [[name, len(r["deltas"]), r["baseline"], r["first"], r["middle_median"], r["middle_max"], r["last"]]
             for name, r in ((MODELS[k], n[k]) for k in MODELS)]
     return [Table("Held-out loss (nats/token, Shakespeare's held-out works) and its increase when one block is "
-                  "deleted", ["model", "blocks", "intact loss", "delete block 1", "delete a middle block (median)",
+                  "deleted", ["model", "blocks", "intact loss", "delete block 0", "delete a middle block (median)",
                               "middle (worst)", "delete the last block"], rows)]
 
 

@@ -87,8 +87,8 @@ def tables(n: dict, s: Size) -> list[Table]:
                              (False, "without (writes at std 0.02)"))]
     table = Table(f"Stream variance through {L} blocks at init (d={s['d_model']}); then {s['steps']} training steps "
                   f"of a {s['train_layers']}-block, d={s['train_d']} model on Shakespeare",
-                  ["init", "var(embedding)", "var(after block 1)", f"var(after block {L})",
-                   f"block {L} / block 1", "train loss (end)", "val loss (end)"], rows)
+                  ["init", "var(embedding)", "var(after block 0)", f"var(after block {L - 1})",
+                   f"block {L - 1} / block 0", "train loss (end)", "val loss (end)"], rows)
     t2 = Table("", ["quantity", "measured", "chapter"],
                [["variance added by the writes, without / with the rule", n["added_variance_ratio"], f"2N = {2 * L}"],
                 ["size (std) of the final stream, without / with", n["final_std_ratio"],
@@ -102,7 +102,7 @@ def verdict(n: dict, s: Size) -> str:
     agree = 2 * L / 2 < ratio_added < 2 * L * 2
     return (f"The writes add {ratio_added:.0f}x more variance without the rule than with it (the chapter's 2N = "
             f"{2 * L}), so the final stream is {n['final_std_ratio']:.1f}x larger; with the rule it ends at "
-            f"{g[True]:.2f}x its size after block 1 instead of {g[False]:.1f}x. "
+            f"{g[True]:.2f}x its size after block 0 instead of {g[False]:.1f}x. "
             + ("This agrees with the chapter. " if agree else "This does not match the chapter's 2N. ")
             + f"Early training of the {s['train_layers']}-block model: val loss {with_rule['final_val']:.3f} with "
             f"the rule vs {without['final_val']:.3f} without after {s['steps']} steps"

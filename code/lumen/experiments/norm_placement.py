@@ -141,13 +141,13 @@ def tables(n: dict, s: Size) -> list[Table]:
                ["placement", "warm-up"] + [f"{k} blocks" for k in s["depths"]], rows)
     mid = {k: statistics.median(v[1:-1]) for k, v in grads.items()}
     t2 = Table(f"Gradient norm of each block's parameters at initialisation, {g} blocks (mean over "
-               f"{s['grad_batches']} batches); block 1 is the bottom, block {g} the top",
-               ["placement", "embeddings"] + [f"block {i}" for i in range(1, g + 1)]
-               + ["block 1 / middle", f"block {g} / middle"],
+               f"{s['grad_batches']} batches); block 0 is the bottom, block {g - 1} the top",
+               ["placement", "embeddings"] + [f"block {i}" for i in range(g)]
+               + ["block 0 / middle", f"block {g - 1} / middle"],
                [[f"{k.split('-')[0]}-LN", EMBEDDINGS[k[len(k.split('-')[0]):]]] + v
                 + [v[0] / mid[k], v[-1] / mid[k]] for k, v in grads.items()])
-    t3 = Table("Block 1's gradient at initialisation, by part (GPT-2's embeddings)",
-               ["placement", "attention", "MLP", "norms", "block 2's attention"],
+    t3 = Table("Block 0's gradient at initialisation, by part (GPT-2's embeddings)",
+               ["placement", "attention", "MLP", "norms", "block 1's attention"],
                [[f"{p}-LN", parts[p][0]["attention"], parts[p][0]["mlp"], parts[p][0]["norms"],
                  parts[p][1]["attention"]] for p in PLACEMENTS])
     return [t1, t2, t3]
@@ -197,7 +197,7 @@ def draw(n: dict, s: Size):
     g, w = s["grad_depth"], s["warmup"]
     fig, (ax1, ax2) = figure(2, 5.5, 4)
     for k, norms in grads.items():
-        ax1.plot(range(1, g + 1), norms, {"": "o-", "-untied": "^:", "-unit": "s--"}[k[len(k.split('-')[0]):]],
+        ax1.plot(range(g), norms, {"": "o-", "-untied": "^:", "-unit": "s--"}[k[len(k.split('-')[0]):]],
                  label=f"{k.split('-')[0]}-LN, {EMBEDDINGS[k[len(k.split('-')[0]):]]}")
     for p in PLACEMENTS:
         for wu, ls in ((0, "--"), (w, "-")):
@@ -244,16 +244,16 @@ def gradient_verdict(grads: dict[str, list[float]], parts: dict[str, list[dict[s
         trend = "even"
     pre_trend = f"Pre-LN's gradients fall gently from bottom to top ({pre[0] / pre[-1]:.2f}x). "
     if spike > 1.5 and flat < 1.3 and trend == "even":
-        return (f"Measured block by block at init, post-LN's gradients are even across blocks 2 to {g} (within "
-                f"{flat:.2f}x) and only block 1 is larger, {spike:.1f}x the middle blocks with GPT-2's embeddings "
+        return (f"Measured block by block at init, post-LN's gradients are even across blocks 1 to {g - 1} (within "
+                f"{flat:.2f}x) and only block 0 is larger, {spike:.1f}x the middle blocks with GPT-2's embeddings "
                 f"(std 0.02), an effect of the embeddings' small scale: with embeddings of unit size it is "
                 f"{u_bottom:.2f}x (the top block {u_top:.2f}x), so neither the chapter's larger-at-the-bottom nor "
                 "Xiong et al.'s (2020) larger-at-the-top shows as a trend through depth at this size. "
-                f"Block 1's excess is in its attention ({attention:.1%} of its squared gradient): post-LN's first "
+                f"Block 0's excess is in its attention ({attention:.1%} of its squared gradient): post-LN's first "
                 "norm divides the embedding's small stream back to unit size, which multiplies the gradient of the "
                 f"attention below it; untying the unembedding changes nothing ({untied[0] / middle(untied):.1f}x). "
                 + pre_trend)
     return (f"Measured block by block at init, post-LN's gradients with embeddings of unit size are {trend} "
-            f"(block 1 {u_bottom:.2f}x and block {g} {u_top:.2f}x the middle blocks'); with GPT-2's embeddings "
-            f"(std 0.02) block 1 is {spike:.2f}x the middle blocks and blocks 2 to {g} are within {flat:.2f}x of "
+            f"(block 0 {u_bottom:.2f}x and block {g - 1} {u_top:.2f}x the middle blocks'); with GPT-2's embeddings "
+            f"(std 0.02) block 0 is {spike:.2f}x the middle blocks and blocks 1 to {g - 1} are within {flat:.2f}x of "
             "each other. " + pre_trend)
