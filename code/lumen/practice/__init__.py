@@ -39,11 +39,13 @@ from .inside import DELETE, KV, LENS
 from .learner import PracticeError, load
 from .mlp import GELU, MIXING, MLP_EXERCISE, SWIGLU_EXERCISE, WORKED
 from .norms import LAYERNORM, RMSNORM
+from .sandwich import SANDWICH
 from .solution import Location, where
 
 # in the chapter's order, each under the heading it practises
 EXERCISES: dict[str, Exercise] = {e.name: e for e in (
-    MIXING, MLP_EXERCISE, WORKED, KV, GELU, SWIGLU_EXERCISE, DELETE, LAYERNORM, POST_LN, RMSNORM, BLOCK, LENS,
+    MIXING, MLP_EXERCISE, WORKED, KV, GELU, SWIGLU_EXERCISE, DELETE, LAYERNORM, POST_LN, RMSNORM, BLOCK, SANDWICH,
+    LENS,
     COUNT, DROPOUT, INIT, FLOPS,
 )}
 

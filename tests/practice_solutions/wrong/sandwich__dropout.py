@@ -1,0 +1,21 @@
+"""A SandwichBlock with one mistake: dropout on attention's write in every mode"""
+import torch.nn as nn
+
+from lumen.attention import MultiHeadAttention
+from lumen.block import MLP, RMSNorm
+
+
+class SandwichBlock(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff=None, dropout=0.0):
+        super().__init__()
+        self.ln1, self.ln1_post = RMSNorm(d_model), RMSNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.ln2, self.ln2_post = RMSNorm(d_model), RMSNorm(d_model)
+        self.mlp = MLP(d_model, d_ff, dropout)
+        self.drop = nn.Dropout(dropout)
+        self.p = dropout
+
+    def forward(self, x, mask=None):
+        x = x + self.ln1_post(nn.functional.dropout(self.attn(self.ln1(x), mask), self.p, training=True))
+        x = x + self.ln2_post(self.mlp(self.ln2(x)))
+        return x

@@ -1,0 +1,21 @@
+"""A SandwichBlock with one mistake: the pre norms left out: OLMo-2's branch-output norm"""
+import torch.nn as nn
+
+from lumen.attention import MultiHeadAttention
+from lumen.block import MLP, RMSNorm
+
+
+class SandwichBlock(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff=None, dropout=0.0):
+        super().__init__()
+        self.ln1, self.ln1_post = RMSNorm(d_model), RMSNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.ln2, self.ln2_post = RMSNorm(d_model), RMSNorm(d_model)
+        self.mlp = MLP(d_model, d_ff, dropout)
+        self.drop = nn.Dropout(dropout)
+        self.p = dropout
+
+    def forward(self, x, mask=None):
+        x = x + self.ln1_post(self.drop(self.attn(x, mask)))
+        x = x + self.ln2_post(self.mlp(x))
+        return x

@@ -1,0 +1,21 @@
+"""A SandwichBlock with one mistake: the post norms left out: the chapter's pre-LN block"""
+import torch.nn as nn
+
+from lumen.attention import MultiHeadAttention
+from lumen.block import MLP, RMSNorm
+
+
+class SandwichBlock(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff=None, dropout=0.0):
+        super().__init__()
+        self.ln1, self.ln1_post = RMSNorm(d_model), RMSNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.ln2, self.ln2_post = RMSNorm(d_model), RMSNorm(d_model)
+        self.mlp = MLP(d_model, d_ff, dropout)
+        self.drop = nn.Dropout(dropout)
+        self.p = dropout
+
+    def forward(self, x, mask=None):
+        x = x + self.drop(self.attn(self.ln1(x), mask))
+        x = x + self.mlp(self.ln2(x))
+        return x
