@@ -78,7 +78,7 @@ def test_delete_layer_neurons_heads(run_dir, capsys, tmp_path):
     (["delete-layer", "{run}", "--layers", "0,9"], "layer 9 is out of range"),
     (["lens", "{run}", "--prompt", "It is the east. " * 5], "exceeds the model's context of 64"),
     (["lens", "{run}", "--prompt", ""], "--prompt is empty"),
-    (["lens", "{run}", "--prompt", "sun", "--tuned", "{missing}"], "no tuned lens at"),
+    (["lens", "{run}", "--prompt", "sun", "--tuned", "{missing}"], "--tuned: no tuned lens at"),
     (["tuned-lens", "train", "{run}", "--corpus", "{missing}", "--seq-len", "16"], "no such file or directory"),
 ])
 def test_bad_input_is_one_clear_line(run_dir, capsys, tmp_path, argv, message):
@@ -98,3 +98,30 @@ def test_a_lens_for_another_model_is_refused(run_dir, capsys, tmp_path):
     TunedLens(other).save(tmp_path / "other.lens")
     code, _, err = lumen(capsys, "lens", run_dir / "run", "--prompt", "sun", "--tuned", tmp_path / "other.lens")
     assert code == 2 and "trained for another model" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["lens", "{run}", "--prompts", "{missing}"], "--prompts: no file of prompts at"),
+    (["lens", "{run}", "--prompts", "{folder}"], "is a folder"),
+    (["lens", "{run}", "--prompt", "sun", "--tuned", "{missing}"], "--tuned: no tuned lens at"),
+    (["attribute", "{run}", "--prompts", "{missing}"], "--prompts: no file of prompts at"),
+    (["patch", "{run}", "--prompts", "{missing}"], "--prompts: no file of prompt pairs at"),
+    (["tuned-lens", "train", "{run}", "--corpus", "{missing}"], "--corpus"),
+    (["tuned-lens", "train", "{run}", "--corpus", "{folder}/*.nothing"], "the glob matches no files"),
+    (["tuned-lens", "eval", "{run}", "{missing}"], "LENS: no tuned lens at"),
+])
+def test_files_given_are_checked_before_the_model_loads(run_dir, capsys, tmp_path, monkeypatch, argv, message):
+    """Issue 39: a missing --prompts file was reported after SmolLM2 had loaded (52 s). Every command's
+    loading goes through lumen.cli.models.load_model: here it fails the test if it is reached."""
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the files given were checked")
+
+    monkeypatch.setattr("lumen.cli.models.load_model", no_load)
+    argv = [a.format(run=run_dir / "run", missing=tmp_path / "missing", folder=tmp_path) for a in argv]
+    code, _, err = lumen(capsys, *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    # the same command with the file there does reach the loader (so the check above is what stopped it)
+    good = [a.replace(str(tmp_path / "missing"), str(run_dir / "corpus" / "a.txt")) for a in argv]
+    if good != argv:
+        code, _, err = lumen(capsys, *good)
+        assert code == 1 and "the model was loaded before" in err   # (lumen's report of an internal error)
