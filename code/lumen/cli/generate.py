@@ -48,8 +48,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                         "block; less memory; fastest with --aot); float (default): the weights dequantized, "
                         "the file's exact numbers")
     p.add_argument("--compile", action="store_true",
-                   help="compile the decoding step with torch.compile: several times faster per token on CPU, "
-                        "after a one-time compile (about a minute; cached after) (needs a C++ compiler)")
+                   help="compile the decoding step with torch.compile, after a one-time compile (about a minute; "
+                        "cached after; needs a C++ compiler): faster per token on many CPUs, not all; the run ends "
+                        "by timing a few eager steps and saying which path was faster on this machine")
     p.add_argument("--aot", action="store_true",
                    help="instead of --compile: the one-token step compiled ahead of time by AOTInductor, once per "
                         "model shape (a few minutes; needs a C++ compiler), then only loaded: no compiler in later "
