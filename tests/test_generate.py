@@ -231,8 +231,13 @@ def test_generate_compile_says_whether_it_was_slower_than_eager(saved, capsys, m
     @contextlib.contextmanager
     def pretend(model, compile=False):
         with real(model, False) as decoder:
-            steps = decoder.tokens
-            decoder.tokens = lambda *a, **k: slowed(steps(*a, **k), slow if compile else other)
+            step, wait = decoder.step, (slow if compile else other)[0]
+
+            def slow_step(*a, **k):
+                time.sleep(wait)
+                return step(*a, **k)
+
+            decoder.step = slow_step
             yield decoder
 
     monkeypatch.setattr(fast, "decoding", pretend)

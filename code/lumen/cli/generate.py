@@ -12,6 +12,7 @@ import argparse
 import collections
 import contextlib
 import secrets
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -156,18 +157,22 @@ class Timing:
 
 
 def eager_rate(model, seq: torch.Tensor, steps: int = EAGER_STEPS) -> float:
-    """The eager path's tokens per second (no compiling) for `model` after the context `seq` (1, T): greedy steps
-    timed after the prompt's pass and one step of warm-up (packing the weights is not counted either)."""
+    """The eager path's tokens per second (no compiling) for `model` after the context `seq` (1, T): the median
+    of `steps` greedy steps' times, after the prompt's pass and one step of warm-up, at torch's thread count
+    (the thread tuner left out: its trials of other counts are slow steps on purpose)."""
+    from ..decode import tokens as plain_tokens
     from ..fast import decoding
 
-    with decoding(model, False) as decoder, \
-            contextlib.closing(decoder.tokens(seq, steps + 2, Sampling(temperature=0.0))) as tokens:
+    with decoding(model, False) as decoder, torch.no_grad():
+        tokens = plain_tokens(model, seq, steps + 2, Sampling(temperature=0.0), step=decoder.step)   # (run out)
         next(tokens)
         next(tokens)
+        times = []
         start = time.perf_counter()
         for _ in tokens:
-            pass
-        return steps / (time.perf_counter() - start)
+            times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+        return 1 / statistics.median(times)
 
 
 def compared(timing: Timing, eager: float, aot: bool) -> str:
@@ -175,7 +180,7 @@ def compared(timing: Timing, eager: float, aot: bool) -> str:
     flag = "--aot" if aot else "--compile"
     rate = timing.steady_rate() or 0.0
     both = (f"{flag} decoded {rate:.1f} tokens/s, the eager path (no {flag}) {eager:.1f} tokens/s "
-            f"({EAGER_STEPS} steps timed just now)")
+            f"(the median of {EAGER_STEPS} steps timed just now)")
     if eager > rate:
         return f"{flag} is slower than the eager path on this machine: {both}; leave out {flag}"
     return f"{flag} is faster than the eager path on this machine: {both}"
