@@ -108,11 +108,11 @@ def test_a_lens_for_another_model_is_refused(run_dir, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["lens", "{run}", "--prompts", "{missing}"], "--prompts: no file of prompts at"),
-    (["lens", "{run}", "--prompts", "{folder}"], "is a folder"),
+    (["lens", "{run}", "--prompts", "{missing}"], "--prompts: no prompt file at"),
+    (["lens", "{run}", "--prompts", "{folder}"], "is a folder, not a prompt file"),
     (["lens", "{run}", "--prompt", "sun", "--tuned", "{missing}"], "--tuned: no tuned lens at"),
-    (["attribute", "{run}", "--prompts", "{missing}"], "--prompts: no file of prompts at"),
-    (["patch", "{run}", "--prompts", "{missing}"], "--prompts: no file of prompt pairs at"),
+    (["attribute", "{run}", "--prompts", "{missing}"], "--prompts: no prompt file at"),
+    (["patch", "{run}", "--prompts", "{missing}"], "--prompts: no prompt file at"),
     (["tuned-lens", "train", "{run}", "--corpus", "{missing}"], "--corpus"),
     (["tuned-lens", "train", "{run}", "--corpus", "{folder}/*.nothing"], "the glob matches no files"),
     (["tuned-lens", "eval", "{run}", "{missing}"], "LENS: no tuned lens at"),

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         output_dir(args.out)
     if args.prompts:
-        input_file(args.prompts, "--prompts", "file of prompts")   # before the model loads
+        input_file(args.prompts, "--prompts", "prompt file")   # before the model loads
     model, tok = load_with_tokenizer(args.model)
     if args.prompts:
         prompts = read_prompts(args.prompts, tok, model.cfg.context)

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--wrong needs --answer: the lens reads logit[answer] - logit[wrong]")
     out = output_dir(args.out) if args.out else None
     if args.prompts:
-        input_file(args.prompts, "--prompts", "file of prompts")   # the files given, before the model loads
+        input_file(args.prompts, "--prompts", "prompt file")   # the files given, before the model loads
     if args.tuned:
         input_file(lens_file(args.tuned), "--tuned", "tuned lens", TRAIN_ONE)
     model, tok = load_with_tokenizer(args.model)

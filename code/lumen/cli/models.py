@@ -84,7 +84,8 @@ def input_file(path: str | Path, option: str, what: str = "file", hint: str = "c
     if not p.exists():
         raise MissingFileError(f"{option}: no {what} at {path} ({hint})")
     if not p.is_file():
-        raise UserError(f"{option} {path} is {'a folder' if p.is_dir() else 'not a regular file'}: give a {what}")
+        raise UserError(f"{option} {path} is a folder, not a {what}: give the file" if p.is_dir() else
+                        f"{option} {path} is not a regular file: give a {what}")
     try:
         with open(p, "rb"):
             pass
