@@ -3,7 +3,10 @@ defaults and their checks through the real `lumen generate` command, and which c
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -183,3 +186,65 @@ def test_generate_takes_the_defaults_of_a_generation_config(tmp_path, capsys):
     assert main(args) == 0
     got = capsys.readouterr()
     assert "greedy decoding" in got.err and got.out == text_of(model, "ab", 5, temperature=0) + "\n"
+
+
+def slowed(steps, seconds):
+    """A decoder's token steps, each made `seconds` (a list, one per step; the last repeats) later."""
+    for i, nxt in enumerate(steps):
+        time.sleep(seconds[min(i, len(seconds) - 1)])
+        yield nxt
+
+
+def steady(err: str) -> tuple[int, float]:
+    """(steps, tokens/s) of the steady rate lumen generate reports on stderr."""
+    found = re.search(r"then (\d+) steps at ([\d.]+) tokens/s", err)
+    assert found, err
+    return int(found[1]), float(found[2])
+
+
+def test_generate_reports_the_steady_rate_apart_from_the_first_steps(saved, capsys, monkeypatch):
+    """Issue 39: compiling was counted in the rate ("0.1 tok/s"). With the prompt's pass and the two warm-up
+    steps made 0.6 s slower (as compiling makes them) and every step at least 20 ms, the steady rate is the
+    later steps' own: above 8 tokens/s where the old rate (all steps after the first) would be under 6."""
+    path, _ = saved
+    real = fast.Decoder.tokens
+    monkeypatch.setattr(fast.Decoder, "tokens",
+                        lambda self, *a, **k: slowed(real(self, *a, **k), [0.6, 0.6, 0.6, 0.02]))
+    code, out, err = lumen(capsys, "generate", str(path), "--prompt", "ROMEO:", "--max-new-tokens", "12", "--greedy")
+    assert code == 0, err
+    n, rate = steady(err)
+    assert n == 12 - 1 - 2 and 8 < rate <= 50
+    first, warm = re.search(r"the prompt and first token ([\d.]+) s, the next 2 steps ([\d.]+) s", err).groups()
+    assert float(first) >= 0.6 and float(warm) >= 1.2
+
+
+@pytest.mark.parametrize("compiled_faster", [False, True])
+def test_generate_compile_says_whether_it_was_slower_than_eager(saved, capsys, monkeypatch, compiled_faster):
+    """--compile is compared with the eager path on a few steps: which one measured faster is said in one line.
+    (The compiled path is stood in for by the eager one made slower, or the eager one slowed instead: no
+    compiler is run here.)"""
+    path, _ = saved
+    real = fast.decoding
+    slow = [0.0] if compiled_faster else [0.05]   # the "compiled" steps; the eager ones get the other
+    other = [0.05] if compiled_faster else [0.0]
+
+    @contextlib.contextmanager
+    def pretend(model, compile=False):
+        with real(model, False) as decoder:
+            step, wait = decoder.step, (slow if compile else other)[0]
+
+            def slow_step(*a, **k):
+                time.sleep(wait)
+                return step(*a, **k)
+
+            decoder.step = slow_step
+            yield decoder
+
+    monkeypatch.setattr(fast, "decoding", pretend)
+    code, _, err = lumen(capsys, "generate", str(path), "--prompt", "ROMEO:", "--max-new-tokens", "10", "--greedy",
+                         "--compile")
+    assert code == 0, err
+    line = [w for w in err.splitlines() if "the eager path (no --compile)" in w]
+    assert len(line) == 1, err
+    assert ("--compile is faster" if compiled_faster else "--compile is slower") in line[0]
+    assert "compiling included" in err

@@ -421,7 +421,7 @@ def test_streamed_text_is_the_decoded_tokens_however_they_split():
     for tok in (ByteTokenizer(), train_bpe([text] * 5, vocab_size=300)):
         ids = tok.encode(text)
         out = io.StringIO()
-        assert print_tokens((torch.tensor([i]) for i in ids), tok, out)[0] == len(ids)
+        assert print_tokens((torch.tensor([i]) for i in ids), tok, out).tokens == len(ids)
         assert out.getvalue() == tok.decode(ids) + "\n"
 
 

@@ -2,6 +2,13 @@
 and a text corpus: tables, JSON, figures, and one-line errors for bad input."""
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,7 +85,7 @@ def test_delete_layer_neurons_heads(run_dir, capsys, tmp_path):
     (["delete-layer", "{run}", "--layers", "0,9"], "layer 9 is out of range"),
     (["lens", "{run}", "--prompt", "It is the east. " * 5], "exceeds the model's context of 64"),
     (["lens", "{run}", "--prompt", ""], "--prompt is empty"),
-    (["lens", "{run}", "--prompt", "sun", "--tuned", "{missing}"], "no tuned lens at"),
+    (["lens", "{run}", "--prompt", "sun", "--tuned", "{missing}"], "--tuned: no tuned lens at"),
     (["tuned-lens", "train", "{run}", "--corpus", "{missing}", "--seq-len", "16"], "no such file or directory"),
 ])
 def test_bad_input_is_one_clear_line(run_dir, capsys, tmp_path, argv, message):
@@ -98,3 +105,63 @@ def test_a_lens_for_another_model_is_refused(run_dir, capsys, tmp_path):
     TunedLens(other).save(tmp_path / "other.lens")
     code, _, err = lumen(capsys, "lens", run_dir / "run", "--prompt", "sun", "--tuned", tmp_path / "other.lens")
     assert code == 2 and "trained for another model" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["lens", "{run}", "--prompts", "{missing}"], "--prompts: no prompt file at"),
+    (["lens", "{run}", "--prompts", "{folder}"], "is a folder, not a prompt file"),
+    (["lens", "{run}", "--prompt", "sun", "--tuned", "{missing}"], "--tuned: no tuned lens at"),
+    (["attribute", "{run}", "--prompts", "{missing}"], "--prompts: no prompt file at"),
+    (["patch", "{run}", "--prompts", "{missing}"], "--prompts: no prompt file at"),
+    (["tuned-lens", "train", "{run}", "--corpus", "{missing}"], "--corpus"),
+    (["tuned-lens", "train", "{run}", "--corpus", "{folder}/*.nothing"], "the glob matches no files"),
+    (["tuned-lens", "eval", "{run}", "{missing}"], "LENS: no tuned lens at"),
+])
+def test_files_given_are_checked_before_the_model_loads(run_dir, capsys, tmp_path, monkeypatch, argv, message):
+    """Issue 39: a missing --prompts file was reported after SmolLM2 had loaded (52 s). Every command's
+    loading goes through lumen.cli.models.load_model: here it fails the test if it is reached."""
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the files given were checked")
+
+    monkeypatch.setattr("lumen.cli.models.load_model", no_load)
+    argv = [a.format(run=run_dir / "run", missing=tmp_path / "missing", folder=tmp_path) for a in argv]
+    code, _, err = lumen(capsys, *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    # the same command with the file there does reach the loader (so the check above is what stopped it)
+    good = [a.replace(str(tmp_path / "missing"), str(run_dir / "corpus" / "a.txt")) for a in argv]
+    if good != argv:
+        code, _, err = lumen(capsys, *good)
+        assert code == 1 and "the model was loaded before" in err   # (lumen's report of an internal error)
+
+
+def test_ctrl_c_during_tuned_lens_training_saves_the_lens(run_dir, tmp_path):
+    """Issue 39: a Ctrl-C during `lumen tuned-lens train` kept nothing. Now the lens as its finished steps left
+    it is saved (atomically), the step said, and the exit status is 130: SIGINT sent to the real command."""
+    from lumen.formats import load
+    from lumen.inspect import TunedLens
+
+    out = tmp_path / "lens"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "code")}
+    env.pop("LUMEN_DEBUG", None)
+    argv = ["tuned-lens", "train", run_dir / "run", "--corpus", run_dir / "corpus", "--steps", "20000",
+            "--seq-len", "16", "--out", out, "-q"]
+    p = subprocess.Popen([sys.executable, "-m", "lumen", *map(str, argv)], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        said = [p.stderr.readline()]   # lines up to the one that says training begins (or the end)
+        while said[-1] and "Ctrl-C saves" not in said[-1]:
+            said.append(p.stderr.readline())
+        assert "Ctrl-C saves" in said[-1], "".join(said)
+        time.sleep(1.0)   # some steps (a few ms each on this model), far from all 20000
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    found = re.search(r"interrupted after step (\d+) of 20000: saved the lens trained so far to (\S+)", err)
+    assert found, err
+    assert 1 <= int(found[1]) < 20000 and Path(found[2]) == out / "tuned-lens.safetensors"
+    assert sorted(f.name for f in out.iterdir()) == ["tuned-lens.safetensors"]   # no half-written file left
+    lens = TunedLens.load(out / "tuned-lens.safetensors", load(str(run_dir / "run")).model)
+    assert any(t.get_parameter("lin.weight").abs().sum() > 0 for t in lens.translators)   # trained, not the logit lens

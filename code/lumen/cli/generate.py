@@ -12,8 +12,10 @@ import argparse
 import collections
 import contextlib
 import secrets
+import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -47,8 +49,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                         "block; less memory; fastest with --aot); float (default): the weights dequantized, "
                         "the file's exact numbers")
     p.add_argument("--compile", action="store_true",
-                   help="compile the decoding step with torch.compile: several times faster per token on CPU, "
-                        "after a one-time compile (about a minute; cached after) (needs a C++ compiler)")
+                   help="compile the decoding step with torch.compile, after a one-time compile (about a minute; "
+                        "cached after; needs a C++ compiler): faster per token on many CPUs, not all; the run ends "
+                        "by timing a few eager steps and saying which path was faster on this machine")
     p.add_argument("--aot", action="store_true",
                    help="instead of --compile: the one-token step compiled ahead of time by AOTInductor, once per "
                         "model shape (a few minutes; needs a C++ compiler), then only loaded: no compiler in later "
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         with decoding(loaded.model, compile) as decoder, \
                 finite_logits(loaded.model) if sampling.greedy and not compile else contextlib.nullcontext(), \
                 contextlib.closing(decoder.tokens(idx, args.max_new_tokens, sampling, generator)) as steps:
-            n, seconds = print_tokens(kept(steps, recent), tok, sys.stdout)
+            timing = print_tokens(kept(steps, recent), tok, sys.stdout)
     except (NonFiniteLogits, RuntimeError) as e:
         # sampling: torch.multinomial refuses probabilities that are not finite (its own check: nothing added to
         # a step); greedy: finite_logits. Then, once, where the forward pass went non-finite (lumen.inspect.finite)
@@ -107,9 +110,80 @@ def run(args: argparse.Namespace) -> int:
 
         seq = torch.tensor([(ids + list(recent))[-loaded.model.cfg.context:]])
         raise non_finite_error(loaded.model, seq, args.model) from None
-    if n > 1:
-        print(f"lumen generate: {n} tokens, {(n - 1) / seconds:.1f} tokens/s after the first", file=sys.stderr)
+    print(f"lumen generate: {timing.describe(bool(compile))}", file=sys.stderr)
+    if compile and timing.steady_rate() is not None:
+        # the path not taken, measured on a few steps at the same context length (seconds, not a benchmark)
+        seq = torch.tensor([(ids + list(recent))[-(loaded.model.cfg.context - EAGER_STEPS - 1):]])
+        print(f"lumen generate: {compared(timing, eager_rate(loaded.model, seq), args.aot)}", file=sys.stderr)
     return 0
+
+
+WARMUP_STEPS = 2   # steps after the first token left out of the steady rate: a compiled step compiles (and may
+                   # compile again for the second step's shapes) and the thread count is being tuned in them
+EAGER_STEPS = 4    # eager steps timed after --compile, to say which path is faster on this machine
+
+
+@dataclass
+class Timing:
+    """When the tokens of one run came: the prompt's pass with the first token, the WARMUP_STEPS steps after
+    it, and the steady steps after those (the rate a long generation runs at)."""
+
+    tokens: int = 0
+    prompt_s: float = 0.0    # the prompt's forward pass and the first token
+    warmup_s: float = 0.0    # the warm-up steps (compiling happens here and in the prompt's pass)
+    steady_s: float = 0.0    # every later step
+
+    def steady_steps(self) -> int:
+        return max(0, self.tokens - 1 - WARMUP_STEPS)
+
+    def steady_rate(self) -> float | None:
+        """Tokens per second over the steady steps; None when there were none (or no measurable time)."""
+        return self.steady_steps() / self.steady_s if self.steady_steps() and self.steady_s > 0 else None
+
+    def describe(self, compiled: bool) -> str:
+        """One line: how long the prompt and warm-up took (with --compile: about how long compiling took), and
+        the steady decoding rate."""
+        first = f"{self.tokens} tokens: the prompt and first token {self.prompt_s:.2f} s"
+        warm = min(WARMUP_STEPS, max(0, self.tokens - 1))
+        if warm:
+            first += f", the next {warm} step{'s' * (warm > 1)} {self.warmup_s:.2f} s"
+        rate = self.steady_rate()
+        if rate is None:
+            return first + " (too few tokens for a steady rate: give more --max-new-tokens)"
+        if compiled:   # compiling = the time before the steady steps, less what its 1 + warm steps take at the rate
+            compiling = max(0.0, self.prompt_s + self.warmup_s - (1 + warm) / rate)
+            first += f" (compiling included: about {compiling:.0f} s)"
+        return first + f", then {self.steady_steps()} steps at {rate:.1f} tokens/s"
+
+
+def eager_rate(model, seq: torch.Tensor, steps: int = EAGER_STEPS) -> float:
+    """The eager path's tokens per second (no compiling) for `model` after the context `seq` (1, T): the median
+    of `steps` greedy steps' times, after the prompt's pass and one step of warm-up, at torch's thread count
+    (the thread tuner left out: its trials of other counts are slow steps on purpose)."""
+    from ..decode import tokens as plain_tokens
+    from ..fast import decoding
+
+    with decoding(model, False) as decoder, torch.no_grad():
+        tokens = plain_tokens(model, seq, steps + 2, Sampling(temperature=0.0), step=decoder.step)   # (run out)
+        next(tokens)
+        next(tokens)
+        times = []
+        start = time.perf_counter()
+        for _ in tokens:
+            times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+        return 1 / statistics.median(times)
+
+
+def compared(timing: Timing, eager: float, aot: bool) -> str:
+    """One line: the compiled path's steady rate beside the eager path's, and which to use on this machine."""
+    flag = "--aot" if aot else "--compile"
+    rate = timing.steady_rate() or 0.0
+    both = (f"{flag} decoded {rate:.1f} tokens/s, the eager path (no {flag}) {eager:.1f} tokens/s "
+            f"(the median of {EAGER_STEPS} steps timed just now)")
+    if eager > rate:
+        return f"{flag} is slower than the eager path on this machine: {both}; leave out {flag}"
+    return f"{flag} is faster than the eager path on this machine: {both}"
 
 
 class NonFiniteLogits(Exception):
@@ -169,9 +243,10 @@ def describe(sampling: Sampling, source: str, seed: int) -> str:
             "--greedy takes the most likely token")
 
 
-def print_tokens(steps, tok, out) -> tuple[int, float]:
+def print_tokens(steps, tok, out) -> Timing:
     """Print each new piece of text as its tokens arrive; stop at the end-of-sequence token; return how many
-    tokens were printed and the seconds they took after the first (which holds the prompt and any compiling).
+    tokens were printed and when they came (Timing: the prompt and first token, which hold any compiling, the
+    warm-up steps, the steady steps).
 
     A character may span several byte-level tokens, and a decoder may treat a token at the start of the text
     differently (a leading space dropped), so the tokens not yet printed are decoded after the last few printed
@@ -179,15 +254,22 @@ def print_tokens(steps, tok, out) -> tuple[int, float]:
     the same however long the output: nothing but that short tail is kept."""
     tail: list[int] = []      # the last tokens printed: context for decoding the next ones
     pending: list[int] = []   # tokens not yet printed
-    n, start = 0, 0.0
+    timing = Timing()
+    last = time.perf_counter()
     for nxt in steps:
         token = int(nxt[0])
-        if n == 0:
-            start = time.perf_counter()
+        now = time.perf_counter()
         if token == tok.eos_id:
             break
+        if timing.tokens == 0:
+            timing.prompt_s = now - last
+        elif timing.tokens <= WARMUP_STEPS:
+            timing.warmup_s += now - last
+        else:
+            timing.steady_s += now - last
+        last = now
         pending.append(token)
-        n += 1
+        timing.tokens += 1
         before = tok.decode(tail)
         text = tok.decode(tail + pending)
         if (not text.endswith("\ufffd") and text.startswith(before)) or len(pending) >= HELD_TOKENS:
@@ -198,7 +280,7 @@ def print_tokens(steps, tok, out) -> tuple[int, float]:
     text = tok.decode(tail + pending)
     out.write((text[len(before):] if text.startswith(before) else tok.decode(pending)) + "\n")
     out.flush()
-    return n, time.perf_counter() - start
+    return timing
 
 
 TAIL_TOKENS = 8    # printed tokens kept as context for decoding the next

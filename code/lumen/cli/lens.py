@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 
 from .. import names
-from .models import add_model_argument, add_out_argument, at_least, load_with_tokenizer, output_dir
+from .models import add_model_argument, add_out_argument, at_least, input_file, load_with_tokenizer, output_dir
 from .prompts import add_prompts_arguments
 
 TABLE_POSITIONS = 6
+TRAIN_ONE = "train one with `lumen tuned-lens train MODEL`"
 LENS_FILE = "tuned-lens.safetensors"   # the file name in a folder written by `lumen tuned-lens train --out`
 
 
@@ -57,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
     if args.wrong is not None and args.answer is None:
         raise UserError("--wrong needs --answer: the lens reads logit[answer] - logit[wrong]")
     out = output_dir(args.out) if args.out else None
+    if args.prompts:
+        input_file(args.prompts, "--prompts", "prompt file")   # the files given, before the model loads
+    if args.tuned:
+        input_file(lens_file(args.tuned), "--tuned", "tuned lens", TRAIN_ONE)
     model, tok = load_with_tokenizer(args.model)
     answer = tok.single_token(args.answer, "--answer") if args.answer is not None else None
     wrong = tok.single_token(args.wrong, "--wrong") if args.wrong is not None else None

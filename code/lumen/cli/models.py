@@ -75,6 +75,45 @@ def output_file(path: str | Path, option: str = "--out") -> Path:
     return check_writable(path, option, folder=False)
 
 
+def input_file(path: str | Path, option: str, what: str = "file", hint: str = "check the path") -> Path:
+    """A file the command reads, checked before the model is loaded (which can take a minute): it is there, a
+    regular file, and can be opened; a missing or unreadable one is one line naming the option and the path."""
+    from ..errors import MissingFileError
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise MissingFileError(f"{option}: no {what} at {path} ({hint})")
+    if not p.is_file():
+        raise UserError(f"{option} {path} is a folder, not a {what}: give the file" if p.is_dir() else
+                        f"{option} {path} is not a regular file: give a {what}")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as e:
+        raise UserError(f"{option} {path} cannot be read ({e.strerror or e}): fix its permissions") from None
+    return p
+
+
+def check_corpus(spec: str, option: str = "--corpus") -> None:
+    """A corpus given by path (files, folders or globs), checked before the model is loaded: every path is there
+    (the files are read later, with the model's tokenizer, by lumen.data.read_corpus); "shakespeare" is built in."""
+    import glob
+
+    from ..errors import MissingFileError
+
+    if spec == "shakespeare" or not spec.strip():   # (an empty one: read_corpus says so)
+        return
+    p = Path(spec).expanduser()
+    if p.exists():
+        return
+    if glob.has_magic(spec):
+        if not glob.glob(str(p), recursive=True):
+            raise MissingFileError(f"{option} {spec!r}: the glob matches no files (check the pattern)")
+        return
+    raise MissingFileError(f"{option} {spec}: no such file or directory (give text files or folders, or the "
+                           "built-in shakespeare)")
+
+
 def at_least(args: argparse.Namespace, *names: str, least: int = 1) -> None:
     """Refuse counts below `least` for the named options (dest names), with the option as typed."""
     for name in names:

@@ -15,13 +15,15 @@ import time
 from pathlib import Path
 
 from .. import names
-from .lens import LENS_FILE, lens_file
+from .lens import LENS_FILE, TRAIN_ONE, lens_file
 from .models import (
     add_model_argument,
     add_out_argument,
     add_quiet_argument,
     add_text_arguments,
     at_least,
+    check_corpus,
+    input_file,
     load_with_tokenizer,
     output_dir,
     rate,
@@ -58,13 +60,26 @@ def run(args: argparse.Namespace) -> int:
 
     at_least(args, "seq_len", "eval_windows", *(("steps", "batch") if args.action == "train" else ()))
     out = output_dir(args.out) if args.out else None
+    if args.action == "eval":
+        input_file(lens_file(args.lens), "LENS", "tuned lens", TRAIN_ONE)
+    check_corpus(args.corpus)
     model, tok = load_with_tokenizer(args.model)
     seconds = None
     if args.action == "train":
         out = out or output_dir(f"{model.cfg.name}.tuned-lens")
         windows = read_windows(model, tok, args, "train", args.steps * args.batch, args.seed, "--steps x --batch")
         start = time.time()
-        lens = train_tuned_lens(model, iter(windows.split(args.batch)), args.steps, args.lr)
+        lens, done = TunedLens(model), [0]   # trained in place, so that a Ctrl-C keeps the steps done
+
+        def count(step: int, kl: float) -> None:
+            done[0] = step + 1
+
+        print(f"training a tuned lens for {args.steps} steps (Ctrl-C saves the lens trained so far to "
+              f"{out / LENS_FILE})", file=sys.stderr, flush=True)
+        try:
+            train_tuned_lens(model, iter(windows.split(args.batch)), args.steps, args.lr, lens=lens, log=count)
+        except KeyboardInterrupt:
+            return interrupted(lens, out / LENS_FILE, done[0], args.steps)
         seconds = time.time() - start
         lens.save(out / LENS_FILE)
         print(f"saved {out / LENS_FILE} ({seconds:.0f}s, {windows.numel()} training tokens)", file=sys.stderr)
@@ -88,6 +103,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"{names.stream(i):>9}{logit['kl'][i]:>12.3f}{tuned['kl'][i]:>12.3f}"
               f"{logit['perplexity'][i]:>14.1f}{tuned['perplexity'][i]:>14.1f}")
     return 0
+
+
+def interrupted(lens, path: Path, done: int, steps: int) -> int:
+    """Ctrl-C during training: save the lens as its finished steps left it (atomically: a second Ctrl-C
+    leaves the old file or none, never half of one) and say where; exit status 130, as for any interrupt."""
+    if done == 0:
+        print("lumen tuned-lens: interrupted before the first step finished: nothing trained, nothing saved",
+              file=sys.stderr)
+        return 130
+    lens.save(path)
+    print(f"lumen tuned-lens: interrupted after step {done} of {steps}: saved the lens trained so far to {path} "
+          f"(`lumen lens --tuned {path.parent}` reads it; train again for all {steps} steps)", file=sys.stderr)
+    return 130
 
 
 def write_report(out: Path, report: dict) -> None:

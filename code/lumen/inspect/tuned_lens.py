@@ -136,7 +136,9 @@ def train_tuned_lens(
 
     Adam, with the learning rate falling linearly to 0, on translators whose inputs are scaled per dimension
     (see Translator); the layers are backpropagated one at a time so that
-    only one layer's logits (B*T x vocab) are held at once. log(step, mean KL per layer) reports progress.
+    only one layer's logits (B*T x vocab) are held at once. log(step, mean KL per layer) reports progress,
+    after each step's update. The translators are trained in place: pass `lens` in to keep what the finished
+    steps trained when the loop is interrupted (a KeyboardInterrupt passes through, the model restored).
     """
     if steps < 1:
         raise UserError(f"steps must be at least 1, got {steps}")
@@ -149,11 +151,11 @@ def train_tuned_lens(
     frozen = [(p, p.requires_grad) for p in model.parameters()]
     was_training = model.training
     model.eval()
+    bar = progress(total=steps, desc="training the tuned lens", unit="step")
     try:
         for p, _ in frozen:
             p.requires_grad_(False)   # gradients flow through the read-out to the translators only
         it = iter(batches)
-        bar = progress(total=steps, desc="training the tuned lens", unit="step")
         for step in range(steps):
             try:
                 idx = next(it)
@@ -180,8 +182,8 @@ def train_tuned_lens(
             bar.set_postfix(kl=f"{total / max(1, lens.n_layers):.3f}")
             if log is not None:
                 log(step, total / max(1, lens.n_layers))
-        bar.close()
     finally:
+        bar.close()   # however the loop ends (a Ctrl-C included)
         for p, req in frozen:
             p.requires_grad_(req)
         model.train(was_training)
