@@ -116,6 +116,9 @@ def test_a_lens_for_another_model_is_refused(run_dir, capsys, tmp_path):
     (["tuned-lens", "train", "{run}", "--corpus", "{missing}"], "--corpus"),
     (["tuned-lens", "train", "{run}", "--corpus", "{folder}/*.nothing"], "the glob matches no files"),
     (["tuned-lens", "eval", "{run}", "{missing}"], "LENS: no tuned lens at"),
+    (["neurons", "{run}", "--block", "0", "--corpus", "{missing}"], "--corpus"),
+    (["heads", "{run}", "--corpus", "{missing}"], "--corpus"),
+    (["delete-layer", "{run}", "--corpus", "{missing}"], "--corpus"),
 ])
 def test_files_given_are_checked_before_the_model_loads(run_dir, capsys, tmp_path, monkeypatch, argv, message):
     """Issue 39: a missing --prompts file was reported after SmolLM2 had loaded (52 s). Every command's

@@ -13,6 +13,7 @@ from .models import (
     add_quiet_argument,
     add_text_arguments,
     at_least,
+    check_corpus,
     load_with_tokenizer,
     output_dir,
     read_windows,
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         blocks = [int(x) for x in args.blocks.split(",")] if args.blocks is not None else None
     except ValueError:
         raise UserError(f"--blocks must be comma-separated integers, got {args.blocks!r}") from None
+    check_corpus(args.corpus)                         # a missing corpus before the model loads
     model, tok = load_with_tokenizer(args.model)
     windows = read_windows(model, tok, args, "val", args.windows, args.seed)
     table = deletion_table(model, windows, blocks)

@@ -13,6 +13,7 @@ from .models import (
     add_quiet_argument,
     add_text_arguments,
     at_least,
+    check_corpus,
     load_with_tokenizer,
     read_windows,
 )
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     sae = read_saelens(args.sae)                      # the small file first: a bad one fails before the model loads
     if args.feature is not None:
         check_feature(sae, args.feature)
+    check_corpus(args.corpus)                         # a missing corpus before the model loads
     model, tok = load_with_tokenizer(args.model)
     check_fits(model, sae)
     if args.feature is None:

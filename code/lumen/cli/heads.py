@@ -13,6 +13,7 @@ from .models import (
     add_quiet_argument,
     add_text_arguments,
     at_least,
+    check_corpus,
     finite,
     load_with_tokenizer,
     output_dir,
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     at_least(args, "seq_len", least=3)
     at_least(args, "half", least=2)
     out = output_dir(args.out) if args.out else None
+    check_corpus(args.corpus)                         # a missing corpus before the model loads
     model, tok = load_with_tokenizer(args.model)
     text = read_windows(model, tok, args, "val", args.windows, args.seed)
     scores = head_scores(model, text, half=args.half, seed=args.seed)

@@ -12,6 +12,7 @@ from .models import (
     add_quiet_argument,
     add_text_arguments,
     at_least,
+    check_corpus,
     load_with_tokenizer,
     read_windows,
 )
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     at_least(args, "windows", "contexts", "show")
     at_least(args, "seq_len", least=2)
+    check_corpus(args.corpus)                         # a missing corpus before the model loads
     model, tok = load_with_tokenizer(args.model)
     check_layer(model, args.block)
     if args.unit is not None:
