@@ -33,7 +33,7 @@ from ..fetch import cache_dir
 from ..files import atomic_path
 from ..model import GPT
 from ..runtime.compiling import check_cpp_compiler
-from .decoding import DECODE_OPTIONS
+from .options import DECODE_OPTIONS
 from .quant import QuantMatrix, cpu_flags, kernels, loaded
 
 # lumen's sources that a step's code follows from: a change to any of them compiles a new package

@@ -29,14 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import MultiHeadAttention
-
-# one query (B, h, 1, hd) against a cache's keys and values (B, h_kv, S, hd), over the slots allowed (1, S)
-torch.library.define("lumen::attend_one", "(Tensor q, Tensor k, Tensor v, Tensor allowed) -> Tensor")
-
-
-@torch.library.register_fake("lumen::attend_one")
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(q)
+from .quant import loaded  # (quant.py defines lumen::attend_one with the library that holds its kernel)
 
 
 class OneQueryAttention(MultiHeadAttention):
@@ -47,7 +40,7 @@ class OneQueryAttention(MultiHeadAttention):
         plain_scores = self.softcap is None and self.scale == 1 / math.sqrt(hd)  # (not Gemma's scale or soft-cap)
         if T != 1 or self.training or allowed is None or allowed.dim() != 2 or not plain_scores:  # a prompt, ...
             return super().attend_plain(q, k, v, allowed)
-        if q.device.type == "cpu" and q.dtype == k.dtype == torch.float32 and hd % 8 == 0 and _kernel_loaded():
+        if q.device.type == "cpu" and q.dtype == k.dtype == torch.float32 and hd % 8 == 0 and loaded():
             return torch.ops.lumen.attend_one(q, k, v, allowed)
         group = h // self.n_kv_heads
         qg = q.reshape(B, self.n_kv_heads, group, hd)                        # a group's queries side by side
@@ -60,12 +53,6 @@ class OneQueryAttention(MultiHeadAttention):
         if torch.compiler.is_compiling():
             return (a.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2).reshape(B, h, 1, hd)
         return (a @ v).reshape(B, h, 1, hd)
-
-
-def _kernel_loaded() -> bool:
-    from .quant import loaded
-
-    return loaded()
 
 
 def one_query_attention(model: nn.Module) -> int:

@@ -26,19 +26,16 @@ from ..decode import Sampling, Step, sampling_for
 from ..decode import tokens as plain_tokens
 from ..errors import UserError
 from ..model import GPT
-from ..runtime.compiling import COMPILE_OPTIONS, check_cpp_compiler
+from ..runtime.compiling import check_cpp_compiler
 from ..runtime.heap import return_large_buffers
 from ..runtime.threads import tuned
+from .aot import AOTStep
 from .attention import chapter_attention, one_query_attention
+from .options import DECODE_OPTIONS
 from .packing import fast_linears, packed, plain_linears
 from .quant import kernels, share_rows, unshare_rows
 
 SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs of nearby lengths share one graph
-# A one-token step is a few hundred kernels, most of them over a few thousand numbers (a norm, a gate, one
-# query's attention). Each kernel that inductor splits between threads ends at a barrier, and on a busy machine
-# the thread waiting for a core holds the others there: such small loops run on one thread (only loops over at
-# least this many numbers per thread are split: the products over the weights are)
-DECODE_OPTIONS = {**COMPILE_OPTIONS, "cpp.min_chunk_size": 16384}
 
 
 COMPILERS = (False, True, "aot")  # the door's `compile`: none, torch.compile, AOTInductor (aot.py)
@@ -51,8 +48,6 @@ class Decoder:
         self.model, self.compile = model, compile
         self.step: Step = model
         if compile == "aot":  # a one-token step compiled ahead of time, loaded from disk (aot.py)
-            from .aot import AOTStep
-
             self.step = AOTStep(model)
         elif compile:
             # shapes are static (one graph per shape): a KV cache keeps every slot and takes positions as a

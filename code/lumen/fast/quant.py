@@ -42,7 +42,6 @@ from ..files import atomic_path
 from ..formats import Loaded, build, read
 from ..runtime import cpu
 from ..runtime.heap import hand_back_free_memory
-from . import attention  # noqa: F401  (defines lumen::attend_one: the library built here holds its kernel too)
 
 BLOCK = 32  # numbers per block, for both types
 SLAB = 4096  # rows dequantized at a time for a product of many rows
@@ -56,6 +55,16 @@ for _kind in ("q4_1", "q8_0"):
     @torch.library.register_fake(f"lumen::{_kind}_row")
     def _(x: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
         return x.new_empty(ROWS * quads.shape[0])
+
+
+# one query (B, h, 1, hd) against a cache's keys and values (B, h_kv, S, hd), over the slots allowed (1, S):
+# attention.py's OneQueryAttention calls it; its CPU kernel is attend.cpp's, in the same library
+torch.library.define("lumen::attend_one", "(Tensor q, Tensor k, Tensor v, Tensor allowed) -> Tensor")
+
+
+@torch.library.register_fake("lumen::attend_one")
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(q)
 
 
 _kernels: bool | None = None  # quant.cpp: not yet tried, built and loaded, or unavailable here
