@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import MultiHeadAttention
+from .changes import Changes
 from .quant import loaded  # (quant.py defines lumen::attend_one with the library that holds its kernel)
 
 
@@ -55,21 +56,20 @@ class OneQueryAttention(MultiHeadAttention):
         return (a @ v).reshape(B, h, 1, hd)
 
 
-def one_query_attention(model: nn.Module) -> int:
+def one_query_attention(model: nn.Module, changes: Changes | None = None) -> int:
     """Every MultiHeadAttention inside model answers single queries as OneQueryAttention (the same module,
-    the same parameters: only its class changes); returns how many."""
-    return _swap(model, MultiHeadAttention, OneQueryAttention)
+    the same parameters: only its class changes); returns how many. Recorded in `changes` (undone when they
+    end), or until chapter_attention(model)."""
+    return _swap(model, MultiHeadAttention, OneQueryAttention, changes or Changes())
 
 
 def chapter_attention(model: nn.Module) -> int:
-    """Undo one_query_attention: the chapter's MultiHeadAttention again; returns how many."""
-    return _swap(model, OneQueryAttention, MultiHeadAttention)
+    """Undo one_query_attention made without `changes`: the chapter's MultiHeadAttention again; returns how many."""
+    return _swap(model, OneQueryAttention, MultiHeadAttention, Changes())
 
 
-def _swap(model: nn.Module, old: type, new: type) -> int:
-    n = 0
-    for m in model.modules():
-        if type(m) is old:
-            m.__class__ = new
-            n += 1
-    return n
+def _swap(model: nn.Module, old: type, new: type, changes: Changes) -> int:
+    swapped = [m for m in model.modules() if type(m) is old]
+    for m in swapped:
+        changes.set_class(m, new)
+    return len(swapped)

@@ -42,6 +42,7 @@ from ..files import atomic_path
 from ..formats import Loaded, build, read
 from ..runtime import cpu
 from ..runtime.heap import hand_back_free_memory
+from .changes import Changes
 
 BLOCK = 32  # numbers per block, for both types
 SLAB = 4096  # rows dequantized at a time for a product of many rows
@@ -378,9 +379,11 @@ class SharedQuantLinear(QuantLinear):
 SAME_ROW = (("q", "k", "v"), ("w_gate", "w_up"))
 
 
-def share_rows(model: nn.Module) -> int:
+def share_rows(model: nn.Module, changes: Changes | None = None) -> int:
     """Every group of QuantLinear layers of one module that multiply the same row (SAME_ROW), of one block
-    type and width, made one SharedRow; returns how many groups. `unshare_rows` undoes it."""
+    type and width, made one SharedRow; returns how many groups. Recorded in `changes` (undone when they
+    end), or until unshare_rows(model)."""
+    changes = changes or Changes()
     n = 0
     for parent in list(model.modules()):
         for names in SAME_ROW:
@@ -393,8 +396,9 @@ def share_rows(model: nn.Module) -> int:
                 continue  # (a stack's parts are whole quads of rows)
             shared = SharedRow(layers)  # type: ignore[arg-type]
             for i, layer in enumerate(layers):
-                layer.__class__ = SharedQuantLinear
-                layer.shared, layer.index = shared, i  # type: ignore[union-attr]
+                changes.set_class(layer, SharedQuantLinear)
+                changes.set(layer, "shared", shared)
+                changes.set(layer, "index", i)
             n += 1
     return n
 
