@@ -49,6 +49,65 @@ def test_aot_is_chosen_by_name_and_a_prompt_runs_the_model_as_it_is(monkeypatch)
         torch.testing.assert_close(logits, model(idx)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_the_step_as_written_runs_the_model_with_a_cache_its_constructor_made():
+    """OneTokenStep (what torch.export traces) gives the model's logits for one token and writes the token's
+    key and value into the input tensors, in place; its cache has every attribute KVCache's constructor gives
+    one (nothing set by hand that a new field of KVCache would miss)."""
+    model, idx = tiny(0), torch.tensor([[5, 17, 3, 42]])
+    step = aot.OneTokenStep(model)
+    assert set(vars(step.cache)) == set(vars(KVCache(model.cfg, 1, 8)))
+    with torch.inference_mode():
+        ours, plain = KVCache(model.cfg, 1, 16), KVCache(model.cfg, 1, 16)
+        model(idx, cache=ours), model(idx, cache=plain)
+        x = torch.tensor([[7]])
+        logits = step(x, ours.length, [layer.k for layer in ours.layers], [layer.v for layer in ours.layers])
+        want, _ = model(x, cache=plain)
+    torch.testing.assert_close(logits, want, rtol=1e-6, atol=1e-6)
+    assert ours.n == plain.n == 5
+    for a, b in zip(ours.layers, plain.layers):
+        torch.testing.assert_close(a.k, b.k, rtol=1e-6, atol=1e-6)
+
+
+def test_the_package_key_follows_every_source_the_step_reaches_and_no_other(tmp_path):
+    """The key comes from the step's own sources, found through its modules' classes and their imports: the
+    wing's swapped-in classes (found, not listed) are among them; in a copy of lumen, a change to config.py
+    (no module of the step is defined there: the model's code reaches it by import) gives a new key, a change
+    to the training loop (which the step never reaches) the same one."""
+    import shutil
+    from pathlib import Path
+
+    import lumen
+
+    with fast.decoding(tiny(0)) as decoder:
+        names = {p.relative_to(Path(lumen.__file__).parent).as_posix() for p in aot.step_sources(decoder.model)}
+    assert {"model.py", "block.py", "attention.py", "config.py", "fast/attention.py", "fast/packing.py",
+            "fast/aot.py", "fast/quant.cpp", "fast/attend.cpp"} <= names
+    assert "train/loop.py" not in names
+    shutil.copytree(Path(lumen.__file__).parent, tmp_path / "lumen", ignore=shutil.ignore_patterns("__pycache__"))
+    child = f"""
+import torch
+from pathlib import Path
+from lumen import GPT, ModelConfig, fast
+from lumen.fast import aot
+model = GPT(ModelConfig.from_name("baby-llama").replace(vocab_size=97, context=40, d_model=64, n_layers=2,
+                                                        n_heads=4, n_kv_heads=2, d_ff=128))
+root = Path({str(tmp_path / "lumen")!r})
+assert Path(aot.__file__).parent.parent == root  # (the copy, not the worktree)
+with fast.decoding(model):
+    keys = [aot.package_path(model, 1, 256).name]
+    for name in ("train/loop.py", "config.py"):
+        with open(root / name, "a") as f:
+            f.write("\\n# changed\\n")
+        keys.append(aot.package_path(model, 1, 256).name)
+print(*keys)
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, after_loop, after_config = out.stdout.split()
+    assert after_loop == first and after_config != first
+
+
 @pytest.mark.slow
 def test_a_later_process_only_loads_the_package_and_never_imports_the_compiler(tmp_path, monkeypatch,
                                                                                cpp_compiler):

@@ -23,6 +23,7 @@ RUNNABLE = [
     "lumen.experiments.result",
     "lumen.experiments.stacks",
     "lumen.fast.attention",
+    "lumen.fast.changes",
     "lumen.features",
     "lumen.features.dictionary",
     "lumen.inspect",

@@ -19,10 +19,14 @@ kernels' to float32 rounding. A GGUF's block products stay the custom op they ar
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib
+import importlib.util
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -33,12 +37,9 @@ from ..fetch import cache_dir
 from ..files import atomic_path
 from ..model import GPT
 from ..runtime.compiling import check_cpp_compiler
-from .decoding import DECODE_OPTIONS
+from . import quant
+from .options import DECODE_OPTIONS
 from .quant import QuantMatrix, cpu_flags, kernels, loaded
-
-# lumen's sources that a step's code follows from: a change to any of them compiles a new package
-SOURCES = ("model.py", "attention.py", "block.py", "config.py", "fast/attention.py", "fast/packing.py",
-           "fast/quant.py", "fast/quant.cpp", "fast/attend.cpp", "fast/aot.py")
 
 
 class OneTokenStep(nn.Module):
@@ -49,14 +50,69 @@ class OneTokenStep(nn.Module):
     def __init__(self, model: GPT):
         super().__init__()
         self.model = model
+        # a cache as KVCache's constructor makes one (on the meta device: no memory, and built outside the
+        # exported graph), whose tensors each call replaces with the step's inputs
+        self.cache = KVCache(model.cfg, 1, 1, device="meta")
 
     def forward(self, idx: torch.Tensor, length: torch.Tensor, keys: list[torch.Tensor],
                 values: list[torch.Tensor]) -> torch.Tensor:
-        cache = KVCache.__new__(KVCache)  # the cache's tensors, as KVCache holds them
-        cache.length, cache.padding = length, None
-        cache.layers = [LayerCache(k, v, length) for k, v in zip(keys, values)]
-        logits, _ = self.model(idx, cache=cache)
+        self.cache.length = length
+        self.cache.layers = [LayerCache(k, v, length) for k, v in zip(keys, values)]
+        logits, _ = self.model(idx, cache=self.cache)
         return logits
+
+
+def step_sources(model: GPT) -> list[Path]:
+    """The source files a step's code follows from, found rather than listed: the module of every class the
+    step is made of (its bases included), every lumen module those import at module level, followed to the
+    end, and the C++ sources of the kernels it calls. Moving code into a new file moves it into the key."""
+    names = {c.__module__ for m in OneTokenStep(model).modules() for c in type(m).__mro__}
+    todo, seen = sorted(n for n in names if n.split(".")[0] == "lumen"), set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += sorted(_lumen_imports(name) - seen)
+    files = [Path(file) for name in seen if (file := getattr(importlib.import_module(name), "__file__", None))]
+    return sorted(files) + [*quant.SOURCES, *quant.HEADERS]
+
+
+def _lumen_imports(name: str) -> set[str]:
+    """The lumen modules that module `name` imports at module level (not inside its functions: what its code
+    can reach when it runs)."""
+    module = importlib.import_module(name)
+    package = module.__package__ or ""
+    tree = ast.parse(Path(module.__file__ or "").read_text())
+    found: set[str] = set()
+    for node in _module_level(tree.body):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
+                else node.module or ""
+            for alias in node.names:  # `from . import quant` names a module; `from .quant import pack`, its module
+                found.add(f"{base}.{alias.name}" if _is_module(f"{base}.{alias.name}") else base)
+    return {n for n in found if n.split(".")[0] == "lumen" and _is_module(n)}
+
+
+def _module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements run when a module is imported: its body, into if/try/with blocks, not into functions
+    or classes."""
+    for node in body:
+        yield node
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            yield from _module_level(node.body)
+            yield from _module_level(getattr(node, "orelse", []))
+            for handler in getattr(node, "handlers", []):
+                yield from _module_level(handler.body)
+            yield from _module_level(getattr(node, "finalbody", []))
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # quant.cpp's block product and attend.cpp's attention as C functions: the package calls them directly (no
@@ -91,11 +147,11 @@ def options(model: GPT) -> dict:
 
 def package_path(model: GPT, batch: int, slots: int) -> Path:
     """Where the step of this model's shape, batch and cache size is kept: keyed by everything its code
-    follows from (the modules and their tensors' shapes, lumen's sources, torch's version, the CPU)."""
-    root = Path(__file__).resolve().parents[1]
+    follows from (the modules and their tensors' shapes, the sources of their code: `step_sources`, torch's
+    version, the CPU)."""
     h = hashlib.sha256()
-    for name in SOURCES:
-        h.update((root / name).read_bytes())
+    for path in step_sources(model):
+        h.update(path.read_bytes())
     tensors = [(n, tuple(t.shape), str(t.dtype)) for n, t in _tensors(OneTokenStep(model)).items()]
     for part in (repr(model), repr(model.cfg), repr(tensors), f"{batch} {slots}", torch.__version__, cpu_flags(),
                  repr(sorted(options(model).items()))):

@@ -29,14 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import MultiHeadAttention
-
-# one query (B, h, 1, hd) against a cache's keys and values (B, h_kv, S, hd), over the slots allowed (1, S)
-torch.library.define("lumen::attend_one", "(Tensor q, Tensor k, Tensor v, Tensor allowed) -> Tensor")
-
-
-@torch.library.register_fake("lumen::attend_one")
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(q)
+from .changes import Changes
+from .quant import loaded  # (quant.py defines lumen::attend_one with the library that holds its kernel)
 
 
 class OneQueryAttention(MultiHeadAttention):
@@ -47,7 +41,7 @@ class OneQueryAttention(MultiHeadAttention):
         plain_scores = self.softcap is None and self.scale == 1 / math.sqrt(hd)  # (not Gemma's scale or soft-cap)
         if T != 1 or self.training or allowed is None or allowed.dim() != 2 or not plain_scores:  # a prompt, ...
             return super().attend_plain(q, k, v, allowed)
-        if q.device.type == "cpu" and q.dtype == k.dtype == torch.float32 and hd % 8 == 0 and _kernel_loaded():
+        if q.device.type == "cpu" and q.dtype == k.dtype == torch.float32 and hd % 8 == 0 and loaded():
             return torch.ops.lumen.attend_one(q, k, v, allowed)
         group = h // self.n_kv_heads
         qg = q.reshape(B, self.n_kv_heads, group, hd)                        # a group's queries side by side
@@ -62,27 +56,20 @@ class OneQueryAttention(MultiHeadAttention):
         return (a @ v).reshape(B, h, 1, hd)
 
 
-def _kernel_loaded() -> bool:
-    from .quant import loaded
-
-    return loaded()
-
-
-def one_query_attention(model: nn.Module) -> int:
+def one_query_attention(model: nn.Module, changes: Changes | None = None) -> int:
     """Every MultiHeadAttention inside model answers single queries as OneQueryAttention (the same module,
-    the same parameters: only its class changes); returns how many."""
-    return _swap(model, MultiHeadAttention, OneQueryAttention)
+    the same parameters: only its class changes); returns how many. Recorded in `changes` (undone when they
+    end), or until chapter_attention(model)."""
+    return _swap(model, MultiHeadAttention, OneQueryAttention, changes or Changes())
 
 
 def chapter_attention(model: nn.Module) -> int:
-    """Undo one_query_attention: the chapter's MultiHeadAttention again; returns how many."""
-    return _swap(model, OneQueryAttention, MultiHeadAttention)
+    """Undo one_query_attention made without `changes`: the chapter's MultiHeadAttention again; returns how many."""
+    return _swap(model, OneQueryAttention, MultiHeadAttention, Changes())
 
 
-def _swap(model: nn.Module, old: type, new: type) -> int:
-    n = 0
-    for m in model.modules():
-        if type(m) is old:
-            m.__class__ = new
-            n += 1
-    return n
+def _swap(model: nn.Module, old: type, new: type, changes: Changes) -> int:
+    swapped = [m for m in model.modules() if type(m) is old]
+    for m in swapped:
+        changes.set_class(m, new)
+    return len(swapped)

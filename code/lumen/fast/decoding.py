@@ -26,19 +26,18 @@ from ..decode import Sampling, Step, sampling_for
 from ..decode import tokens as plain_tokens
 from ..errors import UserError
 from ..model import GPT
-from ..runtime.compiling import COMPILE_OPTIONS, check_cpp_compiler
+from ..runtime import heap
+from ..runtime.compiling import check_cpp_compiler
 from ..runtime.heap import return_large_buffers
 from ..runtime.threads import tuned
-from .attention import chapter_attention, one_query_attention
-from .packing import fast_linears, packed, plain_linears
-from .quant import kernels, share_rows, unshare_rows
+from .aot import AOTStep
+from .attention import one_query_attention
+from .changes import Changes
+from .options import DECODE_OPTIONS
+from .packing import fast_linears, packed
+from .quant import kernels, share_rows
 
 SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs of nearby lengths share one graph
-# A one-token step is a few hundred kernels, most of them over a few thousand numbers (a norm, a gate, one
-# query's attention). Each kernel that inductor splits between threads ends at a barrier, and on a busy machine
-# the thread waiting for a core holds the others there: such small loops run on one thread (only loops over at
-# least this many numbers per thread are split: the products over the weights are)
-DECODE_OPTIONS = {**COMPILE_OPTIONS, "cpp.min_chunk_size": 16384}
 
 
 COMPILERS = (False, True, "aot")  # the door's `compile`: none, torch.compile, AOTInductor (aot.py)
@@ -51,8 +50,6 @@ class Decoder:
         self.model, self.compile = model, compile
         self.step: Step = model
         if compile == "aot":  # a one-token step compiled ahead of time, loaded from disk (aot.py)
-            from .aot import AOTStep
-
             self.step = AOTStep(model)
         elif compile:
             # shapes are static (one graph per shape): a KV cache keeps every slot and takes positions as a
@@ -100,20 +97,35 @@ def decoding(model: GPT, compile: bool | str = False) -> Iterator[Decoder]:
         raise UserError(f"compile='aot' builds a CPU decoding step; the model is on {model.device}: use compile=True")
     if compile is True and model.device.type == "cpu":
         check_cpp_compiler("decode without compiling")
-    if model.device.type == "cpu":
-        return_large_buffers()
-        if compile:
-            kernels()  # the wing's C++ kernels (quant.py): a compiled step's attention reads only the slots it sees
-    fast_linears(model)
-    share_rows(model)
-    one_query_attention(model)
-    try:
-        with contextlib.nullcontext() if compile else packed(model):  # eager: oneDNN's layout
-            yield Decoder(model, compile)
-    finally:
-        chapter_attention(model)
-        unshare_rows(model)
-        plain_linears(model)
+    with Changes() as changes:  # every change below undone on leaving, an exception inside included
+        if model.device.type == "cpu":
+            large_buffers_returned(changes)
+            if compile:
+                kernels()  # the wing's C++ kernels (quant.py): a compiled step's attention reads only the slots it sees
+        fast_linears(model, changes)
+        share_rows(model, changes)
+        one_query_attention(model, changes)
+        if not compile:
+            changes.enter_context(packed(model))  # eager: oneDNN's layout
+        yield Decoder(model, compile)
+
+
+def large_buffers_returned(changes: Changes) -> None:
+    """Every buffer of 1 MiB or more goes back to the system when freed (lumen.runtime.heap), until changes
+    end: then the mmap threshold this process had set is set again. (glibc's own threshold, which moves, cannot
+    be set back once fixed: a process that had not set one gets glibc's starting value, 128 KiB.)"""
+    before = heap._mmap_threshold
+    return_large_buffers()
+    changes.callback(_set_mmap_threshold, before if before is not None else GLIBC_MMAP_THRESHOLD)
+
+
+GLIBC_MMAP_THRESHOLD = 128 * 1024  # glibc's mmap threshold before it moves it
+
+
+def _set_mmap_threshold(threshold: int) -> None:
+    libc = heap._glibc()
+    if libc is not None:
+        heap._mmap(libc, threshold)
 
 
 def tokens(model: GPT, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,

@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..runtime import cpu
+from .changes import Changes
 
 # whether this PyTorch has oneDNN's packed linear: asked once, here (torch.compile cannot trace the question,
 # and a compiled prompt that asked it would break its graph and run eager)
@@ -127,13 +128,15 @@ def _same_parameters(cls: type[LinearT], linear: nn.Linear) -> LinearT:
     return layer.train(linear.training)
 
 
-def fast_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear inside model by a FastLinear with the same parameters; returns how many."""
+def fast_linears(model: nn.Module, changes: Changes | None = None) -> int:
+    """Replace every nn.Linear inside model by a FastLinear with the same parameters; returns how many.
+    Recorded in `changes` (the very nn.Linear layers back when they end), or until plain_linears(model)."""
+    changes = changes or Changes()
     n = 0
     for parent in list(model.modules()):
-        for name, child in parent.named_children():
+        for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, FastLinear.from_linear(child))
+                changes.set(parent, name, FastLinear.from_linear(child))
                 n += 1
     return n
 

@@ -42,7 +42,7 @@ from ..files import atomic_path
 from ..formats import Loaded, build, read
 from ..runtime import cpu
 from ..runtime.heap import hand_back_free_memory
-from . import attention  # noqa: F401  (defines lumen::attend_one: the library built here holds its kernel too)
+from .changes import Changes
 
 BLOCK = 32  # numbers per block, for both types
 SLAB = 4096  # rows dequantized at a time for a product of many rows
@@ -56,6 +56,16 @@ for _kind in ("q4_1", "q8_0"):
     @torch.library.register_fake(f"lumen::{_kind}_row")
     def _(x: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
         return x.new_empty(ROWS * quads.shape[0])
+
+
+# one query (B, h, 1, hd) against a cache's keys and values (B, h_kv, S, hd), over the slots allowed (1, S):
+# attention.py's OneQueryAttention calls it; its CPU kernel is attend.cpp's, in the same library
+torch.library.define("lumen::attend_one", "(Tensor q, Tensor k, Tensor v, Tensor allowed) -> Tensor")
+
+
+@torch.library.register_fake("lumen::attend_one")
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(q)
 
 
 _kernels: bool | None = None  # quant.cpp: not yet tried, built and loaded, or unavailable here
@@ -369,9 +379,11 @@ class SharedQuantLinear(QuantLinear):
 SAME_ROW = (("q", "k", "v"), ("w_gate", "w_up"))
 
 
-def share_rows(model: nn.Module) -> int:
+def share_rows(model: nn.Module, changes: Changes | None = None) -> int:
     """Every group of QuantLinear layers of one module that multiply the same row (SAME_ROW), of one block
-    type and width, made one SharedRow; returns how many groups. `unshare_rows` undoes it."""
+    type and width, made one SharedRow; returns how many groups. Recorded in `changes` (undone when they
+    end), or until unshare_rows(model)."""
+    changes = changes or Changes()
     n = 0
     for parent in list(model.modules()):
         for names in SAME_ROW:
@@ -384,8 +396,9 @@ def share_rows(model: nn.Module) -> int:
                 continue  # (a stack's parts are whole quads of rows)
             shared = SharedRow(layers)  # type: ignore[arg-type]
             for i, layer in enumerate(layers):
-                layer.__class__ = SharedQuantLinear
-                layer.shared, layer.index = shared, i  # type: ignore[union-attr]
+                changes.set_class(layer, SharedQuantLinear)
+                changes.set(layer, "shared", shared)
+                changes.set(layer, "index", i)
             n += 1
     return n
 

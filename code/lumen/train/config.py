@@ -35,6 +35,7 @@ from ..files import read_toml
 from ..runtime.threads import check_threads
 from ..tokenizers import Tokenizer
 from .budget import MIN_WARMUP
+from .machine import resolve_device
 from .optim import OPTIMIZERS, SCHEDULES
 
 if sys.version_info >= (3, 11):
@@ -165,8 +166,6 @@ class TrainConfig:
             raise ConfigError(f"sample_tokens {self.sample_tokens:,} is more than a sample holds (at most "
                               f"{MAX_SAMPLE_TOKENS:,}: it is printed at every evaluation); use lumen generate for more")
         check_threads(self.threads, "threads", ConfigError)
-        from .machine import resolve_device  # (machine.py reads this module)
-
         resolve_device(self.device)  # a device this machine has, now rather than after the data is prepared
 
     @property

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -21,7 +22,15 @@ from ..model import GPT, plain_attention
 from ..runtime import cpu
 from ..runtime.compiling import check_cpp_compiler
 from ..runtime.heap import reuse_freed_buffers
-from .config import TrainConfig
+
+
+class RunSettings(Protocol):
+    """What `run_settings` reads of a run's settings (a TrainConfig has them: config.py imports this module,
+    not the other way round)."""
+
+    device: str
+    compile: bool
+    threads: int
 
 
 def resolve_device(name: str) -> torch.device:
@@ -53,7 +62,7 @@ def use_bf16(dtype: str, device: torch.device) -> bool:
 
 
 @contextlib.contextmanager
-def run_settings(cfg: TrainConfig) -> Iterator[None]:
+def run_settings(cfg: RunSettings) -> Iterator[None]:
     """The process-wide settings a run changes (torch's threads; deterministic mode when compiled on a CPU; on a
     CPU, freed buffers kept for the next step: lumen.runtime.heap), restored however the run ends, a failed start
     included."""
