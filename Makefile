@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo test test-slow test-fast lint typecheck bench saelens-venv
+.PHONY: all setup demo test test-slow test-fast lint typecheck bench saelens-venv cross
 
 all: demo
 
@@ -45,8 +45,15 @@ test: lint typecheck
 
 # the slow tier: every real-model comparison, compiled paths, subprocesses and training runs, a fresh install,
 # and every command of the README and docs as a newcomer types them (about an hour on 2 cores)
-test-slow: setup saelens-venv
+test-slow: setup saelens-venv cross
 	$(BIN)/python -m pytest -q -m slow
+
+# ARM64's kernels are tested under emulation: Debian's cross compiler and qemu-user (skipped, named, without them)
+cross:
+	@command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || { command -v apt-get \
+	  >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq g++-aarch64-linux-gnu \
+	  qemu-user >/dev/null; } || echo "no cross compiler: the ARM64 kernel tests will be skipped \
+	(apt-get install -y g++-aarch64-linux-gnu qemu-user)"
 
 # sae-lens (with TransformerLens) in an environment of its own beside the same torch, outside the repo: the slow
 # tier checks that dictionaries written by either library read in the other (tests/test_saelens_interop.py)
