@@ -1,8 +1,9 @@
 """No silently ignored config.json keys: for each family, a tiny random-weight model that transformers' own classes
-build is saved; then each key of its config.json (and of its nested rope_parameters) is changed in turn to another
-valid value. Wherever transformers still loads the file, lumen must either follow the change (its logits equal
-transformers' to 5e-5 relative) or refuse the file with a ModelFileError naming the key. A key lumen ignored while
-transformers' logits moved is the bug this test exists for (GPT-2's scale_attn_weights once was one)."""
+build is saved; then each key of its config.json (nested rope_parameters' keys and a list's elements too:
+layer_types, no_rope_layers) is changed in turn to another valid value. Wherever transformers still loads the
+file, lumen must either follow the change (its logits equal transformers' to 5e-5 relative) or refuse the file
+with a ModelFileError naming the key. A key lumen ignored while transformers' logits moved is the bug this test
+exists for (GPT-2's scale_attn_weights once was one)."""
 
 import json
 import shutil
@@ -72,20 +73,43 @@ def _other(key: str, value: object) -> object | None:
     return None
 
 
+# another valid value for an element of a list (HF's layer_types)
+OTHER_ELEMENTS = {"sliding_attention": "full_attention", "full_attention": "sliding_attention"}
+
+
+def _element(key: str, value: object) -> object | None:
+    """Another valid value for one element of a list: the other layer type, 0 <-> 1 (SmolLM3's no_rope_layers)."""
+    if isinstance(value, str):
+        return OTHER_ELEMENTS.get(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return 1 - value
+    return _other(key, value)
+
+
+def _variants(key: str, value: object):
+    """(suffix, changed value) for each change of one value: a scalar's other value, a list's first element
+    changed, and every key of a nested table, recursively (Gemma 3's rope_parameters per layer kind)."""
+    if isinstance(value, dict):
+        for sub, v in value.items():
+            for suffix, new in _variants(sub, v):
+                yield f".{sub}{suffix}", value | {sub: new}
+    elif isinstance(value, list):
+        new = _element(key, value[0]) if value else None
+        if new is not None:
+            yield "[0]", [new, *value[1:]]
+    else:
+        new = _other(key, value)
+        if new is not None:
+            yield "", new
+
+
 def _changes(config: dict):
-    """(name, changed config) for every key, nested rope_parameters' included."""
+    """(name, changed config) for every key: nested tables' keys and lists' elements included."""
     for key, value in config.items():
         if key in NOT_THE_MODEL:
             continue
-        if isinstance(value, dict):
-            for sub, v in value.items():
-                new = _other(sub, v)
-                if new is not None:
-                    yield f"{key}.{sub}", config | {key: value | {sub: new}}
-            continue
-        new = _other(key, value)
-        if new is not None:
-            yield key, config | {key: new}
+        for suffix, new in _variants(key, value):
+            yield f"{key}{suffix}", config | {key: new}
 
 
 @torch.no_grad()
@@ -132,7 +156,8 @@ def _check_family(family: str, tmp_path) -> list[str]:
             with torch.no_grad():
                 ours = load(d).model(idx)[0]
         except ModelFileError as e:
-            assert name.split(".")[-1] in str(e) or name in str(e), f"{name}: refused without naming it: {e}"
+            key = name.split(".")[-1].split("[")[0]
+            assert key in str(e) or name in str(e), f"{name}: refused without naming it: {e}"
             assert "\n" not in str(e)
             continue
         err = ((ours - ref).abs().max() / ref.abs().max()).item()
