@@ -26,9 +26,8 @@ from ..decode import Sampling, Step, sampling_for
 from ..decode import tokens as plain_tokens
 from ..errors import UserError
 from ..model import GPT
-from ..runtime import heap
 from ..runtime.compiling import check_cpp_compiler
-from ..runtime.heap import return_large_buffers
+from ..runtime.heap import large_buffers_returned
 from ..runtime.threads import tuned
 from .aot import AOTStep
 from .attention import one_query_attention
@@ -99,7 +98,7 @@ def decoding(model: GPT, compile: bool | str = False) -> Iterator[Decoder]:
         check_cpp_compiler("decode without compiling")
     with Changes() as changes:  # every change below undone on leaving, an exception inside included
         if model.device.type == "cpu":
-            large_buffers_returned(changes)
+            changes.enter_context(large_buffers_returned())
             if compile:
                 kernels()  # the wing's C++ kernels (quant.py): a compiled step's attention reads only the slots it sees
         fast_linears(model, changes)
@@ -108,24 +107,6 @@ def decoding(model: GPT, compile: bool | str = False) -> Iterator[Decoder]:
         if not compile:
             changes.enter_context(packed(model))  # eager: oneDNN's layout
         yield Decoder(model, compile)
-
-
-def large_buffers_returned(changes: Changes) -> None:
-    """Every buffer of 1 MiB or more goes back to the system when freed (lumen.runtime.heap), until changes
-    end: then the mmap threshold this process had set is set again. (glibc's own threshold, which moves, cannot
-    be set back once fixed: a process that had not set one gets glibc's starting value, 128 KiB.)"""
-    before = heap._mmap_threshold
-    return_large_buffers()
-    changes.callback(_set_mmap_threshold, before if before is not None else GLIBC_MMAP_THRESHOLD)
-
-
-GLIBC_MMAP_THRESHOLD = 128 * 1024  # glibc's mmap threshold before it moves it
-
-
-def _set_mmap_threshold(threshold: int) -> None:
-    libc = heap._glibc()
-    if libc is not None:
-        heap._mmap(libc, threshold)
 
 
 def tokens(model: GPT, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling | None = None,

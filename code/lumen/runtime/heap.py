@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters
 DEFAULT_TRIM = 128 * 1024  # glibc's trim threshold before it moves it
+DEFAULT_MMAP = 128 * 1024  # glibc's mmap threshold before it moves it
 MOST_MMAP = 32 * 2**20  # the largest mmap threshold glibc takes on 64-bit: bigger buffers always get pages
 _mmap_threshold: int | None = None  # the one this process set last (None: glibc's own, moving)
 
@@ -48,6 +49,21 @@ def return_large_buffers() -> None:
     libc = _glibc()
     if libc is not None and _mmap_threshold != 1 << 20:
         _mmap(libc, 1 << 20)
+
+
+@contextlib.contextmanager
+def large_buffers_returned() -> Iterator[None]:
+    """`return_large_buffers` while inside; on leaving, the mmap threshold this process had set is set again.
+    (glibc's own threshold, which moves, cannot be set back once fixed: a process that had set none gets
+    glibc's starting value, DEFAULT_MMAP.)"""
+    before = _mmap_threshold
+    return_large_buffers()
+    try:
+        yield
+    finally:
+        libc = _glibc()
+        if libc is not None:
+            _mmap(libc, before if before is not None else DEFAULT_MMAP)
 
 
 def hand_back_free_memory() -> None:
