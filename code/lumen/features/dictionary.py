@@ -118,16 +118,20 @@ class SAE(nn.Module):
         """The features of x (..., d_in): (..., d_sae), mostly zero."""
         return self.act(self.pre(self._scaled(x)[0]))
 
-    def decode(self, f: torch.Tensor, scale: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Each active feature's direction, weighted by its activation, plus b_dec: (..., d_out).
-        scale: the (shift, factor) `encode`'s normalisation took off x, put back (see `forward`)."""
-        out = f @ self.W_dec + self.b_dec
-        return out if scale is None else out * scale[1] + scale[0]
+    def decode(self, f: torch.Tensor) -> torch.Tensor:
+        """Each active feature's direction, weighted by its activation, plus b_dec: (..., d_out), in the scaled
+        space the dictionary reads (see `write`)."""
+        return f @ self.W_dec + self.b_dec
+
+    def write(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        """What the dictionary puts at its site for input x and features f (x's features, or edited ones): the
+        decoding with the normalisation `encode` took off x put back."""
+        _, (shift, factor) = self._scaled(x)
+        return self.decode(f) * factor + shift
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The reconstruction of x (for a transcoder: its estimate of the site it writes)."""
-        scaled, scale = self._scaled(x)
-        return self.decode(self.act(self.pre(scaled)), scale if self.normalize != "none" else None)
+        return self.write(x, self.encode(x))
 
     def _scaled(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x as the dictionary reads it, and the (shift, factor) that gives x back: x = scaled * factor + shift."""
@@ -154,6 +158,6 @@ class Transcoder(SAE):
         self.site_out = site_out
         self.W_skip = nn.Parameter(torch.zeros(self.W_dec.shape[1], d_in)) if skip else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
+    def write(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        out = super().write(x, f)
         return out if self.W_skip is None else out + x @ self.W_skip.T  # the skip reads x as the site holds it

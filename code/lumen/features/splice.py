@@ -57,18 +57,12 @@ def _replace(sae: SAE, site: str, seen: dict, error: bool, edit, source: dict | 
     the activation a transcoder read earlier in the same pass (`source`)."""
     def hook(a: torch.Tensor, name: str) -> torch.Tensor:
         x = a if source is None else source.pop("x")
-        scaled, scale = sae._scaled(x)
-        f = sae.act(sae.pre(scaled))
-
-        def decode(f: torch.Tensor) -> torch.Tensor:
-            out = sae.decode(f, scale if sae.normalize != "none" else None)
-            return out if not isinstance(sae, Transcoder) or sae.W_skip is None else out + x @ sae.W_skip.T
-
-        out = decode(f)
+        f = sae.encode(x)
+        out = sae.write(x, f)
         err = a - out   # what the dictionary misses, before any edit: an edit changes only the features
         changed = edit(f, sae.site) if edit is not None else None
         if changed is not None:
-            f, out = changed, decode(changed)
+            f, out = changed, sae.write(x, changed)
         seen.update({f"{sae.site}.{FEATURES}": f.detach(), f"{site}.{RECONSTRUCTION}": out.detach(),
                      f"{site}.{ERROR}": err.detach()})
         return out + err.detach() if error else out
