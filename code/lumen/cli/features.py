@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from ..features.quality import quality
     from ..features.splice import check_fits
     from ..features.tools import check_feature, feature_logits, top_contexts, writes_stream
+    from ..inspect.neurons import shifted_tokens
 
     at_least(args, "windows", "contexts", "tokens")
     at_least(args, "seq_len", least=2)
@@ -60,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     windows = read_windows(model, tok, args, "train", args.windows, args.seed)
     found = top_contexts(model, sae, tok, windows, args.feature, args.contexts)
-    z = feature_logits(model, sae, args.feature) if writes_stream(sae) else None
-    up = [(tok.decode([int(i)]), float(z[i])) for i in z.topk(args.tokens).indices] if z is not None else []
-    down = [(tok.decode([int(i)]), float(z[i])) for i in (-z).topk(args.tokens).indices] if z is not None else []
+    shifts = (shifted_tokens(tok, feature_logits(model, sae, args.feature), args.tokens) if writes_stream(sae)
+              else {"promoted": [], "suppressed": []})
+    up, down = shifts["promoted"], shifts["suppressed"]
     if args.json:
         print(json.dumps({"site": sae.site, "feature": args.feature, "promoted": up, "suppressed": down,
                           "contexts": [{"activation": c.activation, "marked": c.marked()} for c in found]},
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"feature {args.feature} of {sae.site}, {windows.numel():,} tokens of {args.corpus}")
     for c in found:
         print(f"  {c.activation:7.2f}  {c.marked()}")
-    if z is not None:
+    if up:
         print("  promotes:   " + "  ".join(repr(t) for t, _ in up))
         print("  suppresses: " + "  ".join(repr(t) for t, _ in down))
     return 0

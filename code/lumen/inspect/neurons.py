@@ -93,7 +93,11 @@ def direction_logits(model: GPT, directions: torch.Tensor) -> torch.Tensor:
 
 def value_tokens(model: GPT, tokenizer: Tokenizer, layer: int, unit: int, k: int = 10) -> dict:
     """The k tokens unit's value vector promotes most and the k it suppresses most, with their logit shifts."""
-    z = value_logits(model, layer, unit)
+    return shifted_tokens(tokenizer, value_logits(model, layer, unit), k)
+
+
+def shifted_tokens(tokenizer: Tokenizer, z: torch.Tensor, k: int = 10) -> dict:
+    """The k tokens a logit shift z (V,) raises most and the k it lowers most, each with its shift."""
     up, down = z.topk(k), (-z).topk(k)
     return {
         "promoted": [(tokenizer.decode([int(i)]), float(v)) for v, i in zip(up.values, up.indices)],
