@@ -42,9 +42,9 @@ def test_the_kernel_reads_only_the_allowed_slots_as_the_plain_path_does(batch, k
     cache's first slots, a sliding window's slots in the middle, a single slot, and a long run of slots (read
     in two halves, joined after: the same bits on one thread as on two); and the one-query class takes it
     where the kernels are loaded, and the fused sums where they are not."""
-    from lumen.fast import quant
+    from lumen.fast import kernels
 
-    if not quant.kernels():
+    if not kernels.load():
         pytest.skip("the speed wing's kernels do not build here (x86-64 with AVX2, g++ and ninja)")
     torch.manual_seed(hd)
     attn = MultiHeadAttention(6 * hd, 6, kv_heads, bias=False).eval()
@@ -64,8 +64,8 @@ def test_the_kernel_reads_only_the_allowed_slots_as_the_plain_path_does(batch, k
         finally:
             torch.set_num_threads(threads)
         one_query_attention(attn)
-        for kernels in (True, False):
-            monkeypatch.setattr(quant, "_kernels", kernels)
+        for loaded in (True, False):
+            monkeypatch.setattr(kernels, "_library", loaded)
             torch.testing.assert_close(attn.attend_plain(q, k, v, allowed), plain, rtol=1e-5, atol=1e-6, msg=name)
         chapter_attention(attn)
     monkeypatch.undo()

@@ -143,15 +143,15 @@ def test_one_row_product_is_the_linear(cpp_compiler, dtype):
 def test_many_rows_in_float32_go_through_onednn(cpp_compiler, monkeypatch):
     """A float32 prompt's products (eager and compiled) are oneDNN's on the plain weight: x @ W.T + b computed
     in float64 to float32 rounding; with gradients or under autocast they stay F.linear's."""
-    from lumen.fast import packing
+    from lumen.fast import kernels
 
     torch.manual_seed(4)
     layer = FastLinear.from_linear(torch.nn.Linear(96, 200))
     x = torch.randn(3, 7, 96)
     exact = F.linear(x.double(), layer.weight.double(), layer.bias.double())
     calls = []
-    real = packing.onednn_linear
-    monkeypatch.setattr(packing, "onednn_linear", lambda *a: calls.append(1) or real(*a))
+    real = kernels.onednn_linear
+    monkeypatch.setattr(kernels, "onednn_linear", lambda *a: calls.append(1) or real(*a))
     with torch.inference_mode():
         for fn in (layer, torch.compile(layer, dynamic=False)):
             torch.testing.assert_close(fn(x).double(), exact, rtol=1e-5, atol=1e-5)

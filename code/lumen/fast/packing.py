@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..runtime import cpu
+from . import kernels
 from .changes import Changes
 
 # whether this PyTorch has oneDNN's packed linear: asked once, here (torch.compile cannot trace the question,
@@ -70,7 +71,7 @@ class FastLinear(nn.Linear):
             return row_linear(x, self.weight, self.bias)  # a reduction the compiler fuses
         if (rows > 1 and x.dtype == self.weight.dtype == torch.float32 and x.is_contiguous() and can_pack(self)
                 and not torch.is_autocast_enabled(x.device.type)):
-            return onednn_linear(x, self.weight, self.bias)
+            return kernels.onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def pack(self) -> None:
@@ -88,19 +89,6 @@ class FastLinear(nn.Linear):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self._packed is not None:
             destination[prefix + "weight"] = self._packed.to_dense()
-
-
-@torch.library.custom_op("lumen::onednn_linear", mutates_args=())
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias by oneDNN, the plain weight reordered on the fly: for a float32 prompt faster
-    than F.linear's product on CPUs (docs/speed.md), the same numbers to float32 rounding. A custom
-    op, so that torch.compile calls it as it is (its own lowering takes only weights frozen into the graph)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-@onednn_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.size(0)))
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
