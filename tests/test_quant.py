@@ -386,10 +386,11 @@ def test_a_small_file_from_its_blocks_and_damaged_numbers(tmp_path):
 def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
     """share_rows (the decoding door's): a block's q, k and v of one block type, and its gate and up, become one
     stack each, their blocks rows of it (no memory added); a decoded token's products, and a prompt's, are
-    each matrix's own products (computed before sharing); mixed types stay apart; unshare_rows undoes it."""
+    each matrix's own products (computed before sharing); mixed types stay apart; leaving the changes undoes it."""
     from helpers.gguf import tiny_model, write_gguf
     from lumen.fast import load_quantized
-    from lumen.fast.quant import SharedQuantLinear, share_rows, unshare_rows
+    from lumen.fast.changes import Changes
+    from lumen.fast.quant import SharedQuantLinear, share_rows
 
     path = tmp_path / "tiny.gguf"
     types = {f"blk.0.{n}.weight": Q.Q4_1 for n in ("attn_q", "attn_k", "attn_v")}
@@ -402,22 +403,22 @@ def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
     one, many = torch.randn(1, 1, 64), torch.randn(1, 5, 64)
     with torch.inference_mode():
         before = [(getattr(m, n)(one), getattr(m, n)(many)) for m, n in names]
-        assert share_rows(model) == 2
-        layers = [getattr(m, n) for m, n in names]
-        assert [type(x) is SharedQuantLinear for x in layers] == [True] * 5 + [False]
-        for group in (layers[:3], layers[3:5]):
-            stack = group[0].shared.matrix.quads
-            assert all(x.shared is group[0].shared for x in group)
-            assert all(x.matrix.quads.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
-                       for x in group)
-            assert 4 * stack.shape[0] == sum(x.out_features for x in group)
-            assert stack.data_ptr() == group[0].matrix.quads.data_ptr()  # (one after another already: no copy)
-        after = [(x(one), x(many)) for x in layers]
-        for (y1, yn), (z1, zn) in zip(before, after):
-            torch.testing.assert_close(z1, y1, rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(zn, yn, rtol=1e-6, atol=1e-6)
-        assert layers[0].shared.row is None  # (let go once the last of the group read its product)
-        assert unshare_rows(model) == 5
+        with Changes() as changes:
+            assert share_rows(model, changes) == 2
+            layers = [getattr(m, n) for m, n in names]
+            assert [type(x) is SharedQuantLinear for x in layers] == [True] * 5 + [False]
+            for group in (layers[:3], layers[3:5]):
+                stack = group[0].shared.matrix.quads
+                assert all(x.shared is group[0].shared for x in group)
+                assert all(x.matrix.quads.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+                           for x in group)
+                assert 4 * stack.shape[0] == sum(x.out_features for x in group)
+                assert stack.data_ptr() == group[0].matrix.quads.data_ptr()  # (one after another already: no copy)
+            after = [(x(one), x(many)) for x in layers]
+            for (y1, yn), (z1, zn) in zip(before, after):
+                torch.testing.assert_close(z1, y1, rtol=1e-6, atol=1e-6)
+                torch.testing.assert_close(zn, yn, rtol=1e-6, atol=1e-6)
+            assert layers[0].shared.row is None  # (let go once the last of the group read its product)
         assert all(type(x) is QuantLinear and not hasattr(x, "shared") for x in layers)
         for (y1, _), x in zip(before, layers):
             torch.testing.assert_close(x(one), y1, rtol=1e-6, atol=1e-6)

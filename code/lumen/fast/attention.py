@@ -14,10 +14,13 @@ reads it from the plain path).
     >>> import torch
     >>> from lumen import GPT, ModelConfig
     >>> model = GPT(ModelConfig.from_name("baby-llama")).eval()
-    >>> one_query_attention(model)     # every layer's attention (how many), until chapter_attention(model)
+    >>> with Changes() as changes:
+    ...     one_query_attention(model, changes)     # every layer's attention (how many), while inside
+    ...     type(model.blocks[0].attn).__name__
     6
-    >>> type(model.blocks[0].attn).__name__, chapter_attention(model), type(model.blocks[0].attn).__name__
-    ('OneQueryAttention', 6, 'MultiHeadAttention')
+    'OneQueryAttention'
+    >>> type(model.blocks[0].attn).__name__
+    'MultiHeadAttention'
 """
 
 from __future__ import annotations
@@ -58,18 +61,10 @@ class OneQueryAttention(MultiHeadAttention):
 
 def one_query_attention(model: nn.Module, changes: Changes | None = None) -> int:
     """Every MultiHeadAttention inside model answers single queries as OneQueryAttention (the same module,
-    the same parameters: only its class changes); returns how many. Recorded in `changes` (undone when they
-    end), or until chapter_attention(model)."""
-    return _swap(model, MultiHeadAttention, OneQueryAttention, changes or Changes())
-
-
-def chapter_attention(model: nn.Module) -> int:
-    """Undo one_query_attention made without `changes`: the chapter's MultiHeadAttention again; returns how many."""
-    return _swap(model, OneQueryAttention, MultiHeadAttention, Changes())
-
-
-def _swap(model: nn.Module, old: type, new: type, changes: Changes) -> int:
-    swapped = [m for m in model.modules() if type(m) is old]
+    the same parameters: only its class changes); returns how many. Recorded in `changes` (the chapter's
+    class back when they end); without it, for good."""
+    changes = changes or Changes()
+    swapped = [m for m in model.modules() if type(m) is MultiHeadAttention]
     for m in swapped:
-        changes.set_class(m, new)
+        changes.set_class(m, OneQueryAttention)
     return len(swapped)

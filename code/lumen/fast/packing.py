@@ -7,11 +7,12 @@ weights faster than any library kernel. Eager, `F.linear` on one row either reor
 into oneDNN's layout on every call (bfloat16) or streams it slowly (float32); a weight reordered once
 (`packed`) avoids both. So the steps are explicit, and neither keeps a second copy:
 
-    >>> fast_linears(model)          # nn.Linear -> FastLinear: the same parameters, no memory  # doctest: +SKIP
-    >>> with packed(model):          # eager decoding: weights in oneDNN's layout only           # doctest: +SKIP
+    >>> with Changes() as changes:                                                    # doctest: +SKIP
+    ...     fast_linears(model, changes)          # nn.Linear -> FastLinear: the same parameters, no memory
+    ...     changes.enter_context(packed(model))  # eager decoding: weights in oneDNN's layout only
     ...     tokens = model.generate(ids, 64, temperature=0)
 
-lumen.fast.decoding does both around a decoding run, and undoes them (`plain_linears`) when it ends.
+lumen.fast.decoding does both around a decoding run, and undoes them when it ends (changes.py).
 
 Inside `packed`, each linear weight (except ones shared with another layer, like a tied unembedding,
 which the embedding needs plain) lives only in the packed layout; `state_dict()` derives the plain
@@ -24,7 +25,6 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Iterator
-from typing import TypeVar
 
 import torch
 import torch.nn as nn
@@ -56,8 +56,13 @@ class FastLinear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> FastLinear:
-        """A FastLinear holding the same Parameter objects (ties to other layers stay ties)."""
-        return _same_parameters(cls, linear)
+        """A FastLinear holding linear's Parameter objects themselves (no copy, no initialisation: ties to
+        other layers stay ties)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.weight, layer.bias = linear.weight, linear.bias
+        return layer.train(linear.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:
@@ -104,40 +109,15 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     return y.to(x.dtype)
 
 
-LinearT = TypeVar("LinearT", bound=nn.Linear)
-
-
-def _same_parameters(cls: type[LinearT], linear: nn.Linear) -> LinearT:
-    """A `cls` layer holding linear's Parameter objects themselves (no copy, no initialisation)."""
-    layer = cls.__new__(cls)
-    nn.Module.__init__(layer)
-    layer.in_features, layer.out_features = linear.in_features, linear.out_features
-    layer.weight, layer.bias = linear.weight, linear.bias
-    return layer.train(linear.training)
-
-
 def fast_linears(model: nn.Module, changes: Changes | None = None) -> int:
     """Replace every nn.Linear inside model by a FastLinear with the same parameters; returns how many.
-    Recorded in `changes` (the very nn.Linear layers back when they end), or until plain_linears(model)."""
+    Recorded in `changes` (the very nn.Linear layers back when they end); without it, for good."""
     changes = changes or Changes()
     n = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 changes.set(parent, name, FastLinear.from_linear(child))
-                n += 1
-    return n
-
-
-def plain_linears(model: nn.Module) -> int:
-    """Undo fast_linears: plain nn.Linear layers with the same parameters again; returns how many."""
-    n = 0
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if type(child) is FastLinear:
-                if child._packed is not None:
-                    child.unpack()
-                setattr(parent, name, _same_parameters(nn.Linear, child))
                 n += 1
     return n
 

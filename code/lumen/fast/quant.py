@@ -201,7 +201,7 @@ SAME_ROW = (("q", "k", "v"), ("w_gate", "w_up"))
 def share_rows(model: nn.Module, changes: Changes | None = None) -> int:
     """Every group of QuantLinear layers of one module that multiply the same row (SAME_ROW), of one block
     type and width, made one SharedRow; returns how many groups. Recorded in `changes` (undone when they
-    end), or until unshare_rows(model)."""
+    end: plain QuantLinear layers again, their blocks still rows of one stack); without it, for good."""
     changes = changes or Changes()
     n = 0
     for parent in list(model.modules()):
@@ -218,18 +218,6 @@ def share_rows(model: nn.Module, changes: Changes | None = None) -> int:
                 changes.set_class(layer, SharedQuantLinear)
                 changes.set(layer, "shared", shared)
                 changes.set(layer, "index", i)
-            n += 1
-    return n
-
-
-def unshare_rows(model: nn.Module) -> int:
-    """Undo share_rows: plain QuantLinear layers again (their blocks stay rows of one stack: the same numbers);
-    returns how many layers."""
-    n = 0
-    for m in list(model.modules()):
-        if type(m) is SharedQuantLinear:
-            del m.shared, m.index
-            m.__class__ = QuantLinear  # type: ignore[assignment]
             n += 1
     return n
 
