@@ -96,6 +96,17 @@ def imported_after(code: str) -> set[str]:
     return set(done.stdout.split())
 
 
+def test_the_doors_old_names_work_for_one_release_and_say_the_new_one():
+    """lumen.fast.load_blocks and lumen.fast.stream (before "block" meant only a transformer block and "stream"
+    only the residual stream) are load_quantized and tokens, each with a DeprecationWarning naming its new
+    name; a name the door never had is an AttributeError."""
+    for old, new in (("load_blocks", fast.load_quantized), ("stream", fast.tokens)):
+        with pytest.warns(DeprecationWarning, match=rf"lumen\.fast\.{old} is now lumen\.fast\.{new.__name__}"):
+            assert getattr(fast, old) is new
+    with pytest.raises(AttributeError, match="no attribute 'load_gguf'"):
+        fast.load_gguf  # noqa: B018
+
+
 def test_loading_and_a_logit_lens_import_nothing_of_the_speed_wing(tmp_path):
     save_checkpoint(tmp_path / "run", tiny("baby-llama"), ByteTokenizer())
     found = imported_after(f"""
