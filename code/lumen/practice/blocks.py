@@ -13,7 +13,7 @@ import torch.nn as nn
 from ..block import ParallelBlock, PostLNBlock, TransformerBlock
 from ..config import ModelConfig
 from ..model import GPT
-from .exercise import Check, Context, Exercise, Mistake, Spec
+from .exercise import Check, Context, Exercise, Hint, Mistake, Spec
 from .probes import differs, expect_close, part, randn, randomise, tensor
 
 PARTS = ("ln1", "attn", "ln2", "mlp")
@@ -68,6 +68,8 @@ def _alternatives(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         "stream": stream + mlp(stream),              # the stream itself normalised
         "norms": a + mlp(ln1(a)),                    # ln1 twice, ln2 unused
         "residual": mlp(ln2(attn(ln1(x)))),          # no highway
+        "residual-attn": attn(ln1(x)) + mlp(ln2(attn(ln1(x)))),   # attention's output replaces the stream
+        "residual-mlp": mlp(ln2(a)),                 # the MLP's output replaces the stream
         "order": (x + ln1(attn(x))) + ln2(mlp(x + ln1(attn(x)))),   # the norm on the branch, after f
     }
 
@@ -85,9 +87,10 @@ def _values(cls: str, right: type[TransformerBlock], others: dict[str, type[Tran
                 if not differs(y, _with_parts(other, block, d, heads)(x)):
                     doc = (other.__doc__ or "").splitlines()[0]
                     raise Mistake(f"your block computes lumen's {other.__name__} ({doc})", hint)
-            for hint, z in _alternatives(block, x).items():
+            for wiring, z in _alternatives(block, x).items():
+                hint = wiring.split("-")[0]   # a residual missing on one branch is the residual mistake
                 if hint in wirings and not differs(y, z):
-                    raise Mistake(f"your block's output is {_WIRINGS[hint]}", hint)
+                    raise Mistake(f"your block's output is {_WIRINGS[wiring]}", hint)
         expect_close(y, want, f"{cls}(x) against lumen's {right.__name__} with your parts")
     return check
 
@@ -96,6 +99,10 @@ _WIRINGS = {
     "stream": "x = LN1(x); x = x + Attn(x); x = LN2(x); x = x + MLP(x): the stream itself is normalised",
     "norms": "x + MLP(LN1(x)) after attention: ln1 used twice and ln2 not at all",
     "residual": "MLP(LN2(Attn(LN1(x)))): the residual additions are missing",
+    "residual-attn": "h = Attn(LN1(x)); h + MLP(LN2(h)): attention's branch is not added to x (its residual is "
+                     "missing)",
+    "residual-mlp": "MLP(LN2(x + Attn(LN1(x)))): the MLP's branch is not added to the stream (its residual is "
+                    "missing)",
     "order": "x + LN(f(x)): the norm normalises the branch's output before the add",
 }
 
@@ -157,7 +164,7 @@ your own: the checks run lumen's TransformerBlock with your parts in it and comp
         Check("equal to lumen's TransformerBlock holding your parts, on random inputs and weights",
               _values("TransformerBlock", TransformerBlock, {"post": PostLNBlock, "parallel": ParallelBlock},
                       ("stream", "norms", "residual", "order"))),
-        Check("dropout off in eval mode", _dropout_off("TransformerBlock", TransformerBlock), hint="dropout"),
+        Check("dropout off in eval mode", _dropout_off("TransformerBlock", TransformerBlock)),
     ),
     hints={
         "task": "Two residual updates: each branch reads a normalised copy of x and its output is added to x; "
@@ -169,7 +176,10 @@ your own: the checks run lumen's TransformerBlock with your parts in it and comp
                     "first, then x + MLP(LN2(x)) with that new x (reading both from the block's input is GPT-J's "
                     "parallel block).",
         "norms": "Each branch has its own norm: ln1 before attention, ln2 before the MLP.",
-        "residual": "Each branch adds to the stream: x = x + ..., never x = ... (the residual highway).",
+        "residual": Hint(
+            "what each branch's output is added to: the line after attention, and the line after the MLP.",
+            "pre-LN: x = x + Attn(LN1(x)), then x = x + MLP(LN2(x)): each branch writes into the stream it read.",
+            "Each branch adds to the stream: x = x + ..., never x = ... (the residual highway)."),
         "order": "The norm goes on the branch's input, x + f(LN(x)), not on its output.",
         "dropout": "Dropout belongs to training: nn.Dropout is the identity after .eval(); do not apply your own "
                    "dropout unconditionally.",
@@ -195,7 +205,7 @@ Parts: ln1, attn, ln2, mlp (lumen's LayerNorm, MultiHeadAttention and MLP, or yo
         Check("the parts ln1, attn, ln2, mlp; the output has the input's shape", _interface("PostLNBlock")),
         Check("equal to lumen's PostLNBlock holding your parts, on random inputs and weights",
               _values("PostLNBlock", PostLNBlock, {"pre": TransformerBlock}, ("order",))),
-        Check("dropout off in eval mode", _dropout_off("PostLNBlock", PostLNBlock), hint="dropout"),
+        Check("dropout off in eval mode", _dropout_off("PostLNBlock", PostLNBlock)),
     ),
     hints={
         "task": "Each line adds the branch's output to x and then normalises the sum: x = LN1(x + Attn(x)), then x = "

@@ -194,7 +194,7 @@ class MLP(nn.Module):
     checks=(
         Check("fc expands d_model to d_ff (4 d_model by default) and proj projects back, both affine", _mlp_interface),
         Check("equal to lumen's MLP (exact GELU) with the same weights, on random inputs", _mlp_values),
-        Check("dropout on the output in training, and off in eval mode", _mlp_dropout, hint="dropout"),
+        Check("dropout on the output in training, and off in eval mode", _mlp_dropout),
     ),
     hints={
         "task": "Two affine maps with exact GELU between them: fc expands d_model to d_ff (4 d_model by default), "
