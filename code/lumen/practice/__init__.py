@@ -51,8 +51,8 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in (
     COUNT, DROPOUT, INIT, FLOPS,
 )}
 
-__all__ = ["EXERCISES", "Check", "Exercise", "Hint", "Location", "Mistake", "Outcome", "PracticeError", "Report", "Sandbox",
-           "Spec", "check_file", "exercise", "load", "run", "solutions", "where"]
+__all__ = ["EXERCISES", "Check", "Exercise", "Hint", "Location", "Mistake", "Outcome", "PracticeError", "Report",
+           "Sandbox", "Spec", "check_file", "exercise", "load", "run", "solutions", "where"]
 
 
 def exercise(name: str) -> Exercise:
