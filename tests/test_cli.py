@@ -121,7 +121,8 @@ def test_long_jobs_have_a_bar_and_quiet_turns_it_off(files, monkeypatch, capsys)
     assert main(["tuned-lens", "train", str(files / "run"), "--corpus", str(files / "corpus"), "--steps", "2",
                  "--seq-len", "16", "--eval-windows", "2", "--out", str(files / "tl")]) == 0
     err = sys.stderr.getvalue()
-    assert "training the tuned lens" in err and "tuned lens on held-out text" in err
+    assert "training the tuned lens" in err and "evaluating the logit and the tuned lens" in err
+    assert "tuned lens on held-out text" not in err   # one bar for the evaluation: the two inside it are silent
     text = ["--corpus", str(files / "corpus"), "--windows", "2", "--seq-len", "16"]
     for argv, bar in ((["eval", str(files / "run"), "--text", str(files / "text.txt")], "evaluating"),
                       (["neurons", str(files / "run"), "--block", "0", *text], "reading block 0's MLP"),
