@@ -250,21 +250,30 @@ def test_an_exception_in_a_check_is_shown_with_its_line_and_no_unrelated_hint(tm
     assert _flat(practice.EXERCISES["layernorm"].hint("keepdim")) in _flat(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("branch", ["attn", "mlp"])
-def test_a_residual_missing_on_one_branch_is_named(branch, tmp_path, capsys):
+ONE_BRANCH = {   # (exercise, the branch left without its residual): the forward's two lines
+    ("block", "attn"): ("x = self.drop(self.attn(self.ln1(x), mask))", "x = x + self.mlp(self.ln2(x))"),
+    ("block", "mlp"): ("x = x + self.drop(self.attn(self.ln1(x), mask))", "x = self.mlp(self.ln2(x))"),
+    ("post-ln", "attn"): ("x = self.ln1(self.drop(self.attn(x, mask)))", "x = self.ln2(x + self.mlp(x))"),
+    ("post-ln", "mlp"): ("x = self.ln1(x + self.drop(self.attn(x, mask)))", "x = self.ln2(self.mlp(x))"),
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_BRANCH), ids=lambda c: f"{c[0]}-{c[1]}")
+def test_a_residual_missing_on_one_branch_is_named(case, tmp_path, capsys):
     """Checked against lumen's block with that one residual dropped: the check names the branch."""
-    source = (SOLUTIONS / "wrong" / "block__residual.py").read_text()
-    kept = {"attn": ("x = self.mlp(self.ln2(x))", "x = x + self.mlp(self.ln2(x))"),
-            "mlp": ("x = self.drop(self.attn(", "x = x + self.drop(self.attn(")}[branch]
-    assert kept[0] in source
-    path = tmp_path / "block.py"
-    path.write_text(source.replace(*kept))
-    assert main(["practice", "check", "block", str(path)]) == 1
+    name, branch = case
+    ex = practice.exercise(name)
+    source = (SOLUTIONS / "wrong" / f"{ex.file_name[:-3]}__residual.py").read_text()
+    body = source[:source.index("    def forward")]
+    path = tmp_path / ex.file_name
+    path.write_text(body + "    def forward(self, x, mask=None):\n" +
+                    "".join(f"        {line}\n" for line in ONE_BRANCH[case]) + "        return x\n")
+    assert main(["practice", "check", name, str(path)]) == 1
     out = _flat(capsys.readouterr().out)
     named = {"attn": "attention's branch is not added to x", "mlp": "the MLP's branch is not added to the stream"}
-    assert named[branch] in out and "differs from lumen's" not in out
-    assert main(["practice", "hint", "block", str(path), "--step", "3"]) == 0
-    assert _flat(practice.EXERCISES["block"].hint("residual")) in _flat(capsys.readouterr().out)
+    assert named[branch] in out and "differs from lumen's" not in out, out
+    assert main(["practice", "hint", name, str(path), "--step", "3"]) == 0
+    assert _flat(ex.hint("residual")) in _flat(capsys.readouterr().out)
 
 
 def test_an_import_error_keeps_its_line_with_a_relative_path(tmp_path, capsys, monkeypatch):

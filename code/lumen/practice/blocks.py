@@ -70,6 +70,10 @@ def _alternatives(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         "residual": mlp(ln2(attn(ln1(x)))),          # no highway
         "residual-attn": attn(ln1(x)) + mlp(ln2(attn(ln1(x)))),   # attention's output replaces the stream
         "residual-mlp": mlp(ln2(a)),                 # the MLP's output replaces the stream
+        # post-LN's: x = LN1(x + Attn(x)); x = LN2(x + MLP(x)) with an addition left out
+        "residual-post": ln2(mlp(ln1(attn(x)))),
+        "residual-post-attn": ln2(ln1(attn(x)) + mlp(ln1(attn(x)))),
+        "residual-post-mlp": ln2(mlp(ln1(x + attn(x)))),
         "order": (x + ln1(attn(x))) + ln2(mlp(x + ln1(attn(x)))),   # the norm on the branch, after f
     }
 
@@ -103,6 +107,11 @@ _WIRINGS = {
                      "missing)",
     "residual-mlp": "MLP(LN2(x + Attn(LN1(x)))): the MLP's branch is not added to the stream (its residual is "
                     "missing)",
+    "residual-post": "LN2(MLP(LN1(Attn(x)))): the residual additions are missing",
+    "residual-post-attn": "h = LN1(Attn(x)); LN2(h + MLP(h)): attention's branch is not added to x (its residual is "
+                          "missing)",
+    "residual-post-mlp": "LN2(MLP(LN1(x + Attn(x)))): the MLP's branch is not added to the stream (its residual is "
+                         "missing)",
     "order": "x + LN(f(x)): the norm normalises the branch's output before the add",
 }
 
@@ -204,7 +213,7 @@ Parts: ln1, attn, ln2, mlp (lumen's LayerNorm, MultiHeadAttention and MLP, or yo
     checks=(
         Check("the parts ln1, attn, ln2, mlp; the output has the input's shape", _interface("PostLNBlock")),
         Check("equal to lumen's PostLNBlock holding your parts, on random inputs and weights",
-              _values("PostLNBlock", PostLNBlock, {"pre": TransformerBlock}, ("order",))),
+              _values("PostLNBlock", PostLNBlock, {"pre": TransformerBlock}, ("order", "residual"))),
         Check("dropout off in eval mode", _dropout_off("PostLNBlock", PostLNBlock)),
     ),
     hints={
@@ -213,6 +222,10 @@ Parts: ln1, attn, ln2, mlp (lumen's LayerNorm, MultiHeadAttention and MLP, or yo
         "pre": "That is pre-LN, x + f(LN(x)): in post-LN the branch reads x itself and the norm comes after the "
                "add, x = LN(x + f(x)).",
         "order": "Normalise the sum, LN(x + f(x)), not the branch's output: the norm sits on the highway.",
+        "residual": Hint(
+            "what goes into each norm: the line with attention, and the line with the MLP.",
+            "post-LN: x = LN1(x + Attn(x)), then x = LN2(x + MLP(x)): each norm takes the stream plus the branch.",
+            "Add the branch to the stream before normalising: LN(x + f(x)), never LN(f(x)) (the residual highway)."),
         "dropout": "Dropout belongs to training: nn.Dropout is the identity after .eval().",
     },
     solution=("lumen.block.PostLNBlock.forward",),
