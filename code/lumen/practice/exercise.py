@@ -201,7 +201,8 @@ class Exercise:
         doc = "\n".join(line.rstrip() for line in self.task.strip().splitlines())
         return (f'"""Exercise {self.name} (the chapter, "{self.section}").\n\n{doc}\n\n'
                 f'Check it:  lumen practice check {self.name} {self.file_name}\n'
-                f'A hint:    lumen practice hint {self.name}\n"""\n\n{self.template.lstrip()}')
+                f'A hint:    lumen practice hint {self.name}   (for the mistake the check saw; --more: the next '
+                f'step)\n"""\n\n{self.template.lstrip()}')
 
 
 @dataclass(frozen=True)
