@@ -178,18 +178,33 @@ your own: the checks run lumen's TransformerBlock with your parts in it and comp
     hints={
         "task": "Two residual updates: each branch reads a normalised copy of x and its output is added to x; "
                 "attention first, then the MLP reading the updated x.",
-        "post": "That is post-LN, x = LN(x + f(x)): in pre-LN the norm moves inside the branch, x = x + f(LN(x)).",
-        "stream": "Pre-LN never normalises the stream itself: keep x and add to it; only the branch's input is "
-                  "normalised, x + Attn(LN1(x)).",
-        "parallel": "The MLP reads the stream after attention has written to it: compute x = x + Attn(LN1(x)) "
-                    "first, then x + MLP(LN2(x)) with that new x (reading both from the block's input is GPT-J's "
-                    "parallel block).",
-        "norms": "Each branch has its own norm: ln1 before attention, ln2 before the MLP.",
+        "post": Hint(
+            "where your norms sit: around the branch's input, or around the sum.",
+            "pre-LN: x = x + Attn(LN1(x)), then x = x + MLP(LN2(x)): the norm inside each branch, the stream "
+            "never normalised.",
+            "That is post-LN, x = LN(x + f(x)): in pre-LN the norm moves inside the branch, x = x + f(LN(x))."),
+        "stream": Hint(
+            "what you add the branch's output to: x itself, or a normalised x.",
+            "pre-LN: x = x + Attn(LN1(x)): the branch reads LN1(x), the addition goes to the x that came in.",
+            "Pre-LN never normalises the stream itself: keep x and add to it; only the branch's input is "
+            "normalised, x + Attn(LN1(x))."),
+        "parallel": Hint(
+            "which x the MLP reads: the block's input, or the stream after attention wrote to it.",
+            "two updates in a row: x = x + Attn(LN1(x)), then x = x + MLP(LN2(x)) with the new x.",
+            "The MLP reads the stream after attention has written to it: compute x = x + Attn(LN1(x)) first, then "
+            "x + MLP(LN2(x)) with that new x (reading both from the block's input is GPT-J's parallel block)."),
+        "norms": Hint(
+            "which norm each branch calls.",
+            "x = x + Attn(LN1(x)); x = x + MLP(LN2(x)): two norms, one per branch.",
+            "Each branch has its own norm: ln1 before attention, ln2 before the MLP."),
         "residual": Hint(
             "what each branch's output is added to: the line after attention, and the line after the MLP.",
             "pre-LN: x = x + Attn(LN1(x)), then x = x + MLP(LN2(x)): each branch writes into the stream it read.",
             "Each branch adds to the stream: x = x + ..., never x = ... (the residual highway)."),
-        "order": "The norm goes on the branch's input, x + f(LN(x)), not on its output.",
+        "order": Hint(
+            "what each norm is applied to: the branch's input, or its output.",
+            "pre-LN: x + f(LN(x)): normalise what the branch reads, add what it writes unchanged.",
+            "The norm goes on the branch's input, x + f(LN(x)), not on its output."),
         "dropout": "Dropout belongs to training: nn.Dropout is the identity after .eval(); do not apply your own "
                    "dropout unconditionally.",
     },

@@ -285,14 +285,31 @@ class RMSNorm(nn.Module):
     hints={
         "task": "Divide x by the square root of its mean square over the last axis plus eps, then scale by g: no "
                 "mean, no bias.",
-        "keepdim": "Reduce with keepdim=True so the root mean square broadcasts back against x of shape (..., d).",
-        "batch": "The mean square is over the last axis only (-1): each token is scaled on its own, never by "
-                 "the other sequences in the batch.",
-        "positions": "The mean square is over the last axis (-1), not over positions (-2).",
-        "centre": "RMSNorm drops LayerNorm's mean subtraction: divide x itself (not x - mean) by its root mean "
-                  "square.",
-        "bias": "RMSNorm drops the bias too: its only parameter is the gain g; do not add a b.",
-        "eps": "eps goes inside the square root, torch.sqrt(mean(x^2) + self.eps), and is the eps given to __init__.",
+        "keepdim": Hint(
+            "the shape of your root mean square for x of shape (2, 3, 5): print it.",
+            "one root mean square per token, shape (2, 3, 1): a length-1 last axis broadcasts against x.",
+            "Reduce with keepdim=True so the root mean square broadcasts back against x of shape (..., d)."),
+        "batch": Hint(
+            "the axis your mean square is taken over.",
+            "RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g, the mean over the d dimensions of one token (axis -1).",
+            "The mean square is over the last axis only (-1): each token is scaled on its own, never by the other "
+            "sequences in the batch."),
+        "positions": Hint(
+            "the axis your mean square is taken over.",
+            "the mean over the d dimensions of one token (axis -1), never over the sequence.",
+            "The mean square is over the last axis (-1), not over positions (-2)."),
+        "centre": Hint(
+            "what you divide by the root mean square: x, or something computed from it first.",
+            "RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g: x itself is scaled; nothing is subtracted.",
+            "RMSNorm drops LayerNorm's mean subtraction: divide x itself (not x - mean) by its root mean square."),
+        "bias": Hint(
+            "the parameters your __init__ creates, and what forward adds at the end.",
+            "RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g: one learned vector, the gain.",
+            "RMSNorm drops the bias too: its only parameter is the gain g; do not add a b."),
+        "eps": Hint(
+            "where eps enters your formula, and which eps it is.",
+            "x / sqrt(mean(x^2) + eps): eps inside the square root, the one given to __init__.",
+            "eps goes inside the square root, torch.sqrt(mean(x^2) + self.eps), and is the eps given to __init__."),
     },
     solution=("lumen.block.RMSNorm",),
 )
