@@ -324,6 +324,7 @@ def test_an_experiment_shows_its_training_steps_on_a_terminal(monkeypatch):
         model = GPT(ModelConfig(vocab_size=16, context=8, d_model=16, n_layers=1, n_heads=2))
         x = torch.randint(0, 16, (8,))
         data = fit.TaskData(lambda gen: (x, x), vocab_size=16, context=8)   # the experiments' way into the loop
+        fit.expect(3)   # the steps its runs will take: the bar's total
         fit.train_lm(model, data, steps=3, batch_size=2, eval_windows=2)
         counted.append(fit.BAR.n)  # (tqdm redraws at most every 0.1 s: three fast steps may never be drawn)
         return Result("norms", "", [], "")
@@ -331,7 +332,7 @@ def test_an_experiment_shows_its_training_steps_on_a_terminal(monkeypatch):
     monkeypatch.setattr(norms, "run", tiny_run)
     monkeypatch.setattr(sys, "stderr", Terminal())
     experiments.run("norms", quick=True)
-    assert "norms: " in sys.stderr.getvalue() and "training steps" in sys.stderr.getvalue()
+    assert "norms: " in sys.stderr.getvalue() and "/3 [" in sys.stderr.getvalue()   # steps out of those declared
     assert counted == [3]
     assert fit.BAR is None
 
