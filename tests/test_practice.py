@@ -214,6 +214,21 @@ def test_hint_answers_the_mistake_the_last_check_saw_one_step_at_a_time(tmp_path
     assert "passed" in capsys.readouterr().out
 
 
+def test_a_verdict_file_that_is_not_lumens_counts_as_no_check(tmp_path, capsys, monkeypatch):
+    """The verdict is JSON read as data: garbage, a list, or wrong types there are no verdict (never an error),
+    and the next check writes it afresh."""
+    monkeypatch.chdir(tmp_path)
+    _learners(tmp_path, SOLUTIONS / "wrong" / "layernorm__gain.py")
+    kept = tmp_path / ".lumen-practice.json"
+    for junk in ("not json {", "[1, 2]", '{"layernorm": {"file": 3, "passed": "no"}}', '{"layernorm": 7}'):
+        kept.write_text(junk)
+        assert main(["practice", "hint", "layernorm"]) == 0
+        assert "No check of layernorm.py yet" in capsys.readouterr().out
+    assert main(["practice", "check", "layernorm"]) == 1
+    capsys.readouterr()
+    assert json.loads(kept.read_text())["layernorm"]["hint"] == "gain"
+
+
 def test_every_mistake_has_a_hint_in_steps_ending_with_its_fix():
     for ex in practice.EXERCISES.values():
         for key in ex.hints:
