@@ -121,7 +121,8 @@ def test_long_jobs_have_a_bar_and_quiet_turns_it_off(files, monkeypatch, capsys)
     assert main(["tuned-lens", "train", str(files / "run"), "--corpus", str(files / "corpus"), "--steps", "2",
                  "--seq-len", "16", "--eval-windows", "2", "--out", str(files / "tl")]) == 0
     err = sys.stderr.getvalue()
-    assert "training the tuned lens" in err and "tuned lens on held-out text" in err
+    assert "training the tuned lens" in err and "evaluating the logit and the tuned lens" in err
+    assert "tuned lens on held-out text" not in err   # one bar for the evaluation: the two inside it are silent
     text = ["--corpus", str(files / "corpus"), "--windows", "2", "--seq-len", "16"]
     for argv, bar in ((["eval", str(files / "run"), "--text", str(files / "text.txt")], "evaluating"),
                       (["neurons", str(files / "run"), "--block", "0", *text], "reading block 0's MLP"),
@@ -323,6 +324,7 @@ def test_an_experiment_shows_its_training_steps_on_a_terminal(monkeypatch):
         model = GPT(ModelConfig(vocab_size=16, context=8, d_model=16, n_layers=1, n_heads=2))
         x = torch.randint(0, 16, (8,))
         data = fit.TaskData(lambda gen: (x, x), vocab_size=16, context=8)   # the experiments' way into the loop
+        fit.expect(3)   # the steps its runs will take: the bar's total
         fit.train_lm(model, data, steps=3, batch_size=2, eval_windows=2)
         counted.append(fit.BAR.n)  # (tqdm redraws at most every 0.1 s: three fast steps may never be drawn)
         return Result("norms", "", [], "")
@@ -330,7 +332,7 @@ def test_an_experiment_shows_its_training_steps_on_a_terminal(monkeypatch):
     monkeypatch.setattr(norms, "run", tiny_run)
     monkeypatch.setattr(sys, "stderr", Terminal())
     experiments.run("norms", quick=True)
-    assert "norms: " in sys.stderr.getvalue() and "training steps" in sys.stderr.getvalue()
+    assert "norms: " in sys.stderr.getvalue() and "/3 [" in sys.stderr.getvalue()   # steps out of those declared
     assert counted == [3]
     assert fit.BAR is None
 

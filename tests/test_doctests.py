@@ -80,6 +80,7 @@ NOT_RUN = {
     "lumen.fast.quant": "SmolLM2's GGUF file",
     "lumen.runtime.compiling": "minutes of compiling",
     "lumen.progress": "draws on a terminal",
+    "lumen.practice.verdict": "reads a learner's practice folder",
     "lumen.report.explore": "SmolLM2",
     "lumen.report.serve": "starts a server",
     "lumen.runtime.threads": "times real work",

@@ -6,6 +6,7 @@ plain `pip install .` runs it offline)."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import sys
 from pathlib import Path
@@ -84,10 +85,20 @@ def test_check_reads_name_py_by_default(tmp_path, capsys, monkeypatch):
     assert "all 5 checks passed" in capsys.readouterr().out
 
 
-def test_a_failed_check_prints_what_it_saw_and_the_hint(capsys):
-    assert main(["practice", "check", "layernorm", str(SOLUTIONS / "wrong" / "layernorm__unbiased.py")]) == 1
+def _learners(tmp_path: Path, source: Path, name: str = "layernorm.py") -> Path:
+    """The learner's copy of a solution, in a practice folder of its own (where check keeps its verdict)."""
+    path = tmp_path / name
+    path.write_text(source.read_text())
+    return path
+
+
+def test_a_failed_check_prints_what_it_saw_and_where_the_hint_is_not_the_fix(tmp_path, capsys):
+    path = _learners(tmp_path, SOLUTIONS / "wrong" / "layernorm__unbiased.py")
+    assert main(["practice", "check", "layernorm", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "FAILED" in out and "sqrt((d-1)/d)" in out and "unbiased=False" in out and "skipped" in out
+    assert "FAILED" in out and "sqrt((d-1)/d)" in out and "skipped" in out
+    assert "unbiased=False" not in out   # the fix waits for the hint's last step
+    assert f"lumen practice hint layernorm {path}" in out
 
 
 BAD_FILES = {
@@ -149,13 +160,146 @@ def test_a_bug_in_a_check_is_lumens_and_is_not_dressed_as_the_learners(tmp_path)
         practice.run(ex, practice.load(path, ex))
 
 
-def test_hint_prints_the_nudge_and_every_known_mistake(capsys):
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_hint_before_any_check_gives_the_nudge_and_no_mistakes_fix(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main(["practice", "hint", "layernorm"]) == 0
-    out = capsys.readouterr().out
+    out = _flat(capsys.readouterr().out)
     ex = practice.EXERCISES["layernorm"]
-    flat = " ".join(out.split())
-    for text in ex.hints.values():
-        assert " ".join(text.split()) in flat
+    assert _flat(str(ex.hints["task"])) in out and "No check of layernorm.py yet" in out
+    assert not any(_flat(ex.hint(k)) in out for k in ex.hints if k != "task")
+
+
+def test_hint_answers_the_mistake_the_last_check_saw_one_step_at_a_time(tmp_path, capsys, monkeypatch):
+    """check keeps its verdict in the learner's folder (JSON); hint gives what to look at, then the formula
+    (--more), then the fix (--more again), for that mistake alone; another mistake starts again at step 1."""
+    monkeypatch.chdir(tmp_path)
+    ex = practice.EXERCISES["layernorm"]
+    _learners(tmp_path, SOLUTIONS / "wrong" / "layernorm__unbiased.py")
+    assert main(["practice", "check", "layernorm"]) == 1
+    capsys.readouterr()
+    look, formula, fix = (_flat(t) for t in (ex.hints["unbiased"].look, ex.hints["unbiased"].formula,
+                                             ex.hint("unbiased")))
+    others = [_flat(ex.hint(k)) for k in ex.hints if k not in ("task", "unbiased")]
+    shown = []
+    for flags in ([], ["--more"], ["--more"], ["--more"], []):
+        assert main(["practice", "hint", "layernorm", *flags]) == 0
+        out = _flat(capsys.readouterr().out)
+        shown.append(tuple(t in out for t in (look, formula, fix)))
+        assert not any(o in out for o in others)   # only the mistake the check saw
+    assert shown == [(True, False, False), (True, True, False), (True, True, True), (True, True, True),
+                     (True, True, True)]
+    assert main(["practice", "hint", "layernorm", "--step", "2"]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert formula in out and look not in out and fix not in out
+    kept = json.loads((tmp_path / ".lumen-practice.json").read_text())["layernorm"]
+    assert kept["hint"] == "unbiased" and kept["shown"] == 3 and kept["passed"] is False
+
+    _learners(tmp_path, SOLUTIONS / "wrong" / "layernorm__eps.py")   # another mistake: step 1 again
+    assert main(["practice", "check", "layernorm"]) == 1
+    capsys.readouterr()
+    assert main(["practice", "hint", "layernorm"]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert _flat(ex.hints["eps"].look) in out and _flat(ex.hints["eps"].formula) not in out
+    assert main(["practice", "hint", "layernorm", "--step", "4"]) == 2
+    assert "steps 1 to 3" in capsys.readouterr().err
+
+    _learners(tmp_path, SOLUTIONS / "reference" / "layernorm.py")
+    assert main(["practice", "check", "layernorm"]) == 0
+    capsys.readouterr()
+    assert main(["practice", "hint", "layernorm"]) == 0
+    assert "passed" in capsys.readouterr().out
+
+
+def test_a_verdict_file_that_is_not_lumens_counts_as_no_check(tmp_path, capsys, monkeypatch):
+    """The verdict is JSON read as data: garbage, a list, or wrong types there are no verdict (never an error),
+    and the next check writes it afresh."""
+    monkeypatch.chdir(tmp_path)
+    _learners(tmp_path, SOLUTIONS / "wrong" / "layernorm__gain.py")
+    kept = tmp_path / ".lumen-practice.json"
+    for junk in ("not json {", "[1, 2]", '{"layernorm": {"file": 3, "passed": "no"}}', '{"layernorm": 7}'):
+        kept.write_text(junk)
+        assert main(["practice", "hint", "layernorm"]) == 0
+        assert "No check of layernorm.py yet" in capsys.readouterr().out
+    assert main(["practice", "check", "layernorm"]) == 1
+    capsys.readouterr()
+    assert json.loads(kept.read_text())["layernorm"]["hint"] == "gain"
+
+
+def test_every_mistake_has_a_hint_in_steps_ending_with_its_fix():
+    for ex in practice.EXERCISES.values():
+        for key in ex.hints:
+            steps = ex.steps("a check", "what it saw", key)
+            assert [t for t, _ in steps[:2]] == ["what to look at", "the formula"], (ex.name, key)
+            if key != "task":
+                assert steps[-1] == ("the fix", ex.hint(key)), (ex.name, key)
+                assert ex.hint(key) not in steps[0][1] + steps[1][1], (ex.name, key)
+
+
+def test_an_exception_in_a_check_is_shown_with_its_line_and_no_unrelated_hint(tmp_path, capsys, monkeypatch):
+    """The shape check used to answer any exception with the keepdim hint: now only a shape error it recognises."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "layernorm.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass LayerNorm(nn.Module):\n"
+                    "    def __init__(self, d, eps=1e-5):\n        super().__init__()\n"
+                    "        self.g, self.b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))\n"
+                    "        self.eps = eps\n\n    def forward(self, x):\n"
+                    "        return (x - x.mean(-1, keepdim=True)) * self.bias\n")
+    assert main(["practice", "check", "layernorm"]) == 1
+    out = _flat(capsys.readouterr().out)
+    assert "FAILED the output has the input's shape" in out
+    assert "AttributeError" in out and "layernorm.py line 12" in out
+    assert main(["practice", "hint", "layernorm", "--step", "1"]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "layernorm.py line 12" in out and "keepdim" not in out
+    assert main(["practice", "hint", "layernorm", "--step", "3"]) == 2   # no fix to give for an exception
+    capsys.readouterr()
+
+    keepdim = _learners(tmp_path, SOLUTIONS / "wrong" / "layernorm__keepdim.py")   # the one it recognises
+    assert main(["practice", "check", "layernorm", str(keepdim)]) == 1
+    capsys.readouterr()
+    assert main(["practice", "hint", "layernorm", "--step", "3"]) == 0
+    assert _flat(practice.EXERCISES["layernorm"].hint("keepdim")) in _flat(capsys.readouterr().out)
+
+
+ONE_BRANCH = {   # (exercise, the branch left without its residual): the forward's two lines
+    ("block", "attn"): ("x = self.drop(self.attn(self.ln1(x), mask))", "x = x + self.mlp(self.ln2(x))"),
+    ("block", "mlp"): ("x = x + self.drop(self.attn(self.ln1(x), mask))", "x = self.mlp(self.ln2(x))"),
+    ("post-ln", "attn"): ("x = self.ln1(self.drop(self.attn(x, mask)))", "x = self.ln2(x + self.mlp(x))"),
+    ("post-ln", "mlp"): ("x = self.ln1(x + self.drop(self.attn(x, mask)))", "x = self.ln2(self.mlp(x))"),
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_BRANCH), ids=lambda c: f"{c[0]}-{c[1]}")
+def test_a_residual_missing_on_one_branch_is_named(case, tmp_path, capsys):
+    """Checked against lumen's block with that one residual dropped: the check names the branch."""
+    name, branch = case
+    ex = practice.exercise(name)
+    source = (SOLUTIONS / "wrong" / f"{ex.file_name[:-3]}__residual.py").read_text()
+    body = source[:source.index("    def forward")]
+    path = tmp_path / ex.file_name
+    path.write_text(body + "    def forward(self, x, mask=None):\n" +
+                    "".join(f"        {line}\n" for line in ONE_BRANCH[case]) + "        return x\n")
+    assert main(["practice", "check", name, str(path)]) == 1
+    out = _flat(capsys.readouterr().out)
+    named = {"attn": "attention's branch is not added to x", "mlp": "the MLP's branch is not added to the stream"}
+    assert named[branch] in out and "differs from lumen's" not in out, out
+    assert main(["practice", "hint", name, str(path), "--step", "3"]) == 0
+    assert _flat(ex.hint("residual")) in _flat(capsys.readouterr().out)
+
+
+def test_an_import_error_keeps_its_line_with_a_relative_path(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "layernorm.py").write_text("import torch\n\n\ndef f():\n    raise RuntimeError('half')\n"
+                                                    "\n\nf()\n")
+    for given in ("mine/layernorm.py", "./mine/layernorm.py"):
+        assert main(["practice", "check", "layernorm", given]) == 2
+        err = capsys.readouterr().err
+        assert f"{Path(given)}:5: importing it raised RuntimeError: half" in err, err
 
 
 def _definition_line(path: Path, name: str) -> int:
@@ -261,10 +405,11 @@ def test_practice_runs_without_the_dev_extras(tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_the_lens_on_smollm2_through_the_command(capsys, smollm2_loaded, monkeypatch):
+def test_smoke_the_lens_on_smollm2_through_the_command(capsys, smollm2_loaded, monkeypatch, tmp_path):
     """The feature's one real-model smoke test: `lumen practice check logit-lens` on a hand-written lens, with
     SmolLM2 read from lumen's cache (the session's copy, loaded once)."""
     monkeypatch.setattr(practice, "_smollm2", lambda: smollm2_loaded)
-    assert main(["practice", "check", "logit-lens", str(SOLUTIONS / "other" / "logit_lens__loop.py")]) == 0
+    path = _learners(tmp_path, SOLUTIONS / "other" / "logit_lens__loop.py", "logit_lens.py")
+    assert main(["practice", "check", "logit-lens", str(path)]) == 0
     out = capsys.readouterr().out
     assert "SmolLM2, three prompts" in out and "all 2 checks passed" in out

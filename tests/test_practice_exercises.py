@@ -47,8 +47,6 @@ def test_every_exercise_has_a_reference_and_every_hint_a_wrong_solution():
     for name, ex in practice.EXERCISES.items():
         assert list(ex.hints)[0] == "task", name
         assert wrong.get(name, set()) == set(ex.hints) - {"task"}, name
-        # every hint a check can give is one the exercise has
-        assert {c.hint for c in ex.checks} <= set(ex.hints), name
     # a differently written correct solution for at least LayerNorm, the block and the lens
     others = {_name(p.stem) for p in _files("other")}
     assert {"layernorm", "block", "logit-lens"} <= others

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .files import json_object, read_text
+from .progress import progress
 from .tokenizers import Batch, Tokenizer, pad, single_token
 
 MAX_PROMPTS = 4096               # the most prompts one command reads (split a larger dataset)
@@ -141,11 +142,20 @@ def _ids(where: str, what: str, text: str, tok, context: int) -> list[int]:
     return ids
 
 
-def batches(prompts: Sequence[Prompt], batch_size: int, vocab_size: int) -> Iterator[list[Prompt]]:
+def batches(prompts: Sequence[Prompt], batch_size: int, vocab_size: int, desc: str | None = None
+            ) -> Iterator[list[Prompt]]:
     """The prompts in file order, batch_size at a time; a batch whose logits would pass MAX_BATCH_BYTES
-    is refused with the fix (a smaller --batch-size) before it runs."""
+    is refused with the fix (a smaller --batch-size) before it runs. With `desc`, a progress bar counts the
+    prompts done (each batch counted when the caller asks for the next)."""
     if batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {batch_size}")
+    with progress(total=len(prompts), desc=desc, unit="prompt", silent=desc is None) as bar:
+        for group in _groups(prompts, batch_size, vocab_size):
+            yield group
+            bar.update(len(group))
+
+
+def _groups(prompts: Sequence[Prompt], batch_size: int, vocab_size: int) -> Iterator[list[Prompt]]:
     for start in range(0, len(prompts), batch_size):
         group = list(prompts[start : start + batch_size])
         T = max(len(p.ids) for p in group)

@@ -57,6 +57,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def run(args: argparse.Namespace) -> int:
     from ..inspect.lens import LogitLens, evaluate_lens
     from ..inspect.tuned_lens import TunedLens, train_tuned_lens
+    from ..progress import progress
 
     at_least(args, "seq_len", "eval_windows", *(("steps", "batch") if args.action == "train" else ()))
     out = output_dir(args.out) if args.out else None
@@ -86,8 +87,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         lens = TunedLens.load(lens_file(args.lens), model)
     held = read_windows(model, tok, args, "val", args.eval_windows, args.seed + 1, "--eval-windows")
-    logit = evaluate_lens(model, LogitLens(model), held.split(2), desc="logit lens on held-out text")
-    tuned = evaluate_lens(model, lens, held.split(2), desc="tuned lens on held-out text")
+    pairs = held.split(2)
+    # one bar, one estimate, for both evaluations (each batch about the same work in either)
+    with progress(total=2 * len(pairs), desc="evaluating the logit and the tuned lens", unit="batch"):
+        logit = evaluate_lens(model, LogitLens(model), pairs, desc="logit lens on held-out text")
+        tuned = evaluate_lens(model, lens, pairs, desc="tuned lens on held-out text")
     n = len(logit["kl"])
     report = {"model": model.cfg.name, "heldout_tokens": held.numel(), "train_seconds": seconds,
               "after": [names.stream(i) for i in range(n)], "logit_lens": logit, "tuned_lens": tuned}

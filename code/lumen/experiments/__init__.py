@@ -67,7 +67,7 @@ def run(name: str, quick: bool = False, seed: int = 0, out: str | Path | None = 
     mod = module(name)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    with progress(desc=name, unit=" training steps") as fit.BAR:
+    with progress(desc=name, unit="step") as fit.BAR:   # its total: the training steps it declares (fit.expect)
         try:
             result = mod.run(quick=quick, seed=seed)
         finally:

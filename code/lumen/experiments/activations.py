@@ -8,7 +8,7 @@ import torch
 from .. import names
 from ..config import ModelConfig
 from ..inspect import run_with_cache
-from .fit import TrainingSize, sample_batch, shakespeare, train_lm
+from .fit import TrainingSize, expect, sample_batch, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -47,6 +47,7 @@ def measure(size: Size, seed: int) -> dict:
     T, d = 64, s["d"]
     x, _ = sample_batch(data, "val", s["dead_batch"], T, seed)
     found = {}
+    expect(len(VARIANTS) * s["steps"])
     for label, (mlp, act, mult) in VARIANTS.items():
         cfg = ModelConfig(vocab_size=data.tokenizer.vocab_size, context=T, d_model=d, n_layers=s["layers"], n_heads=4,
                           mlp=mlp, activation=act, d_ff=round(mult * d), bias=False)

@@ -8,7 +8,7 @@ from typing import TypedDict
 import torch
 
 from ..config import ModelConfig
-from .fit import grad_norms, sample_batch, shakespeare, train_lm, unigram_loss
+from .fit import expect, grad_norms, sample_batch, shakespeare, train_lm, unigram_loss
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -51,6 +51,7 @@ def measure(size: Size, seed: int) -> dict:
             torch.manual_seed(seed)
             grads[kind][str(n)] = grad_norms(build(cfg(n), kind), x, y)
     training: dict[str, dict[str, dict]] = {"residual": {}, "plain": {}}
+    expect(len(training) * len(s["train_depths"]) * s["steps"])
     for kind in training:
         for n in s["train_depths"]:
             torch.manual_seed(seed)

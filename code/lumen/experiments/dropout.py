@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
-from .fit import TrainingSize, shakespeare, train_lm
+from .fit import TrainingSize, expect, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -39,6 +39,7 @@ def measure(size: Size, seed: int) -> dict:
     data = shakespeare()
     seen = s["steps"] * s["batch"] * T
     numbers: dict = {}
+    expect(len(regimes(s)) * len(RATES) * s["steps"])
     for regime, tokens in regimes(s).items():
         for p in RATES:
             cfg = ModelConfig(vocab_size=data.tokenizer.vocab_size, context=T, d_model=s["d"], n_layers=s["layers"],

@@ -35,13 +35,17 @@ class TrainingSize(TypedDict):
     eval_windows: int   # validation windows
 
 
-# the running experiment's progress bar (lumen.experiments.run sets it): it counts the training steps taken
+# the running experiment's progress bar (lumen.experiments.run sets it): it counts the training steps taken,
+# each training run's own bar advancing it step by step (lumen.progress), out of the steps `expect` declared
 BAR = None
 
 
-def _stepped(n: int = 1) -> None:
+def expect(steps: int) -> None:
+    """Declare training steps the running experiment will take (all its runs, before the first): the bar's
+    total, so its estimate is the steps left at the rate this machine has trained so far."""
     if BAR is not None:
-        BAR.update(n)
+        BAR.total = (BAR.total or 0) + steps
+        BAR.refresh()
 
 
 @dataclass
@@ -123,11 +127,13 @@ def train_lm(
     cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, min_lr=lr / 10, warmup=warmup, seed=seed,
                       eval_interval=max(1, steps // evals), eval_windows=eval_windows, log_interval=1,
                       sample_tokens=0, save=False, progress=False, dtype="float32", device="cpu")
+    before = BAR.n if BAR is not None else 0
     try:
         result = train(cfg, model=model, data=data)
     except TrainingError:
+        if BAR is not None and BAR.total is not None:   # the steps it will not take leave the bar's total
+            BAR.total -= steps - (BAR.n - before)
         return History(diverged=True)
-    _stepped(steps)
     hist = History(loss=[r["loss"] for r in result.history if "loss" in r],
                    val=[(r["step"], r["val_loss"]) for r in result.history if "val_loss" in r])
     hist.step_seconds = [batch_size * model.cfg.context / result.tokens_per_s]

@@ -8,7 +8,7 @@ from typing import TypedDict
 import torch
 
 from ..config import ModelConfig
-from .fit import shakespeare, train_lm
+from .fit import expect, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -50,6 +50,7 @@ def stream_variance(model, idx: torch.Tensor) -> list[float]:
 def measure(size: Size, seed: int) -> dict:
     """The stream's variance after every block at init with and without the rule, and early training both ways."""
     s = size
+    expect(2 * s["steps"])   # the two training runs at the end
     n = s["n_layers"]
     cfg = ModelConfig(vocab_size=256, context=s["context"], d_model=s["d_model"], n_layers=n, n_heads=4,
                       activation="gelu")

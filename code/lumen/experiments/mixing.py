@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..model import GPT
-from .fit import TaskData, shakespeare, train_lm
+from .fit import TaskData, expect, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -108,6 +108,7 @@ def measure(size: Size, seed: int) -> dict:
         f"attention-only, {3 * s['layers']} layers (same parameters)": ("attention-only", 3 * s["layers"]),
     }
     xor = {}
+    expect(len(variants) * s["steps"] + 2 * s["lm_steps"])
     for label, (kind, layers) in variants.items():
         torch.manual_seed(seed)
         model = task.model(base.replace(n_layers=layers), kind)

@@ -13,7 +13,7 @@ import torch.nn as nn
 from ..block import TransformerBlock
 from ..config import ModelConfig
 from ..model import GPT
-from .fit import sample_batch, shakespeare, train_lm, unigram_loss
+from .fit import expect, sample_batch, shakespeare, train_lm, unigram_loss
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -99,6 +99,7 @@ def measure(size: Size, seed: int) -> dict:
                                       for i in range(g)]
     grads = {k: [math.sqrt(sum(v ** 2 for v in block.values())) for block in blocks] for k, blocks in parts.items()}
     runs = []
+    expect(len(PLACEMENTS) * 2 * len(s["depths"]) * s["steps"])
     for placement in PLACEMENTS:
         for warmup in (0, s["warmup"]):
             for n in s["depths"]:

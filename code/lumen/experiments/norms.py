@@ -8,7 +8,7 @@ import torch
 
 from ..block import LayerNorm, RMSNorm
 from ..config import ModelConfig
-from .fit import TrainingSize, shakespeare, train_lm
+from .fit import TrainingSize, expect, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
 
@@ -44,6 +44,7 @@ def measure(size: Size, seed: int) -> dict:
     data = shakespeare()
     T = 64
     runs = {}
+    expect(2 * s["steps"])
     for norm in ("layernorm", "rmsnorm"):
         cfg = ModelConfig(vocab_size=data.tokenizer.vocab_size, context=T, d_model=s["d"], n_layers=s["layers"],
                           n_heads=4, activation="gelu", norm=norm)

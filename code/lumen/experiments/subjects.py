@@ -12,7 +12,7 @@ from ..config import ModelConfig
 from ..formats import load
 from ..model import GPT
 from ..tokenizers import Tokenizer
-from .fit import History, shakespeare, train_lm
+from .fit import History, expect, shakespeare, train_lm
 
 
 class TrainedSize(TypedDict):
@@ -42,6 +42,7 @@ def smollm2() -> tuple[GPT, Tokenizer]:
 def trained_char_model(quick: bool, seed: int) -> tuple[GPT, Tokenizer, History]:
     """A small GPT trained on Shakespeare's characters with lumen's training loop (cached per size and seed)."""
     s = TRAINED[quick]
+    expect(s["steps"])
     data = shakespeare()
     cfg = ModelConfig(vocab_size=data.tokenizer.vocab_size, context=s["context"], d_model=s["d"],
                       n_layers=s["layers"], n_heads=s["heads"], activation="gelu", name="shakespeare-char")

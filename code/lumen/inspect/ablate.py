@@ -33,10 +33,15 @@ def deletion_table(model: GPT, windows: torch.Tensor, layers: Iterable[int] | No
     if windows.dim() != 2 or windows.size(1) < 2:
         raise UserError(f"windows must be token ids of shape (N, T) with T >= 2, got {tuple(windows.shape)}")
     layers = range(len(model.blocks)) if layers is None else [check_layer(model, i) for i in layers]
-    base = heldout_loss(model, windows)
     rows = []
-    for k in progress(layers, desc="deleting blocks", unit="block"):
-        with delete_blocks(model, k):
-            loss = heldout_loss(model, windows)
-        rows.append({"block": k, "loss": loss, "delta": loss - base})
+    # one pass over the windows per deleted block and one intact, each about the same work: the bar's
+    # estimate after the intact pass is the passes left at this machine's speed
+    with progress(total=len(layers) + 1, desc="deleting blocks", unit="pass") as bar:
+        base = heldout_loss(model, windows)
+        bar.update()
+        for k in layers:
+            with delete_blocks(model, k):
+                loss = heldout_loss(model, windows)
+            rows.append({"block": k, "loss": loss, "delta": loss - base})
+            bar.update()
     return {"baseline": base, "tokens": windows.numel(), "rows": rows}

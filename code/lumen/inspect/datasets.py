@@ -122,7 +122,7 @@ def lens_prompts(model: GPT, prompts: Sequence[Prompt], lens: Lens, k: int = 5, 
     found: list[LensResult] = []
     values: list[torch.Tensor] = []          # each prompt's (layers + 1,) reading of its answer
     answered = prompts[0].answer is not None
-    for group in batches(prompts, batch_size, model.cfg.vocab_size):
+    for group in batches(prompts, batch_size, model.cfg.vocab_size, "reading each prompt"):
         batch = padded(group).to(model.device)
         found += logit_lens(model, batch, lens, k, tokenizer)
         if answered:
@@ -190,7 +190,7 @@ def attribute_prompts(model: GPT, prompts: Sequence[Prompt], tokenizer=None,
     """Direct logit attribution of every prompt, batch by batch: logit[answer] - logit[wrong] where the prompts
     name both, logit[answer] where they name one, else the logit of each prompt's own top-1 prediction."""
     found: list[Attribution] = []
-    for group in batches(prompts, batch_size, model.cfg.vocab_size):
+    for group in batches(prompts, batch_size, model.cfg.vocab_size, "attributing each prompt"):
         answers = [p.answer for p in group]
         if group[0].wrong is not None:
             kw: dict = {"contrast": (answers, [p.wrong for p in group])}
@@ -223,7 +223,7 @@ def patch_prompts(model: GPT, prompts: Sequence[Prompt], metric: str = "logit-di
     if unknown:
         raise UserError(f"unknown method {unknown[0]!r}; the methods are {', '.join(run)}")
     found: dict[str, list[Patching]] = {m: [] for m in methods}
-    for group in batches(prompts, batch_size, model.cfg.vocab_size):
+    for group in batches(prompts, batch_size, model.cfg.vocab_size, "patching each pair"):
         pairs = [_answers(p, own, metric, tokenizer, source) for p, own in zip(group, _predictions(model, group))]
         metrics = [logit_diff(a, b) if metric == "logit-diff" else logprob(a) for a, b in pairs]
         for method, kept in found.items():

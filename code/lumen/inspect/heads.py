@@ -80,11 +80,13 @@ def head_scores(model: GPT, text: torch.Tensor | Batch, n_random: int = 4, half:
                 mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """All three scores (n_layers, heads): previous- and first-token on text windows (B, T) (or a padded
     Batch), induction on repeated random tokens."""
-    with progress(total=2, desc="scoring heads", unit="pass") as bar:
+    # two passes of unequal size: counted in tokens, so the estimate after the first is the tokens left
+    text_tokens = (text.ids if isinstance(text, Batch) else text).numel()
+    with progress(total=text_tokens + n_random * 2 * half, desc="scoring heads", unit="token") as bar:
         scores = positional_scores(model, text, mask)
-        bar.update()
+        bar.update(text_tokens)
         scores["induction"] = induction_scores(model, n_random, half, seed)
-        bar.update()
+        bar.update(n_random * 2 * half)
     return {k: v.float().cpu() for k, v in scores.items()}
 
 

@@ -215,7 +215,9 @@ def evaluate_lens(model: GPT, lens: Lens, batches: Iterable[torch.Tensor], desc:
     kl_sum: torch.Tensor | None = None
     ce_sum: torch.Tensor | None = None
     n_tokens = 0
-    for idx in progress(batches, desc=desc, unit="batch"):
+    batches = list(batches)
+    bar = progress(total=len(batches), desc=desc, unit="batch")   # updated by hand: inside a bar of batches, it
+    for idx in batches:                                            # advances that one (lumen.progress)
         logits, hs = streams(model, idx)
         final_logp = F.log_softmax(logits[:, :-1].float(), -1)
         targets = idx[:, 1:]
@@ -229,6 +231,8 @@ def evaluate_lens(model: GPT, lens: Lens, batches: Iterable[torch.Tensor], desc:
         kl_sum = kl if kl_sum is None else kl_sum + kl
         ce_sum = ce if ce_sum is None else ce_sum + ce
         n_tokens += B * T1
+        bar.update()
+    bar.close()
     if kl_sum is None or ce_sum is None or not n_tokens:
         raise UserError("no held-out tokens to evaluate the lens on (give a longer corpus)")
     mean_kl, mean_ce = (kl_sum / n_tokens).tolist(), (ce_sum / n_tokens).tolist()

@@ -38,6 +38,7 @@ from .. import names
 from ..attention import KVCache, LayerCache
 from ..errors import UserError
 from ..model import GPT
+from ..progress import progress
 from ..tokenizers import Batch
 from .cache import run_with_cache
 from .hooks import check_layer, hooked
@@ -195,17 +196,21 @@ def run_copies(model: GPT, corrupted: Corrupted, copies: Sequence[Copy], positio
         if copy.start > p:
             raise UserError(f"a copy starting at position {copy.start} cannot change position {p}")
         by_start.setdefault(copy.start, []).append(c)
-    for s, members in sorted(by_start.items()):
-        members.sort(key=lambda c: copies[c].layer)
-        per = _rows_per_batch(model, p + 1 - s)
-        for a in range(0, len(members), per):
-            chunk = members[a:a + per]
-            logits, recorded = _run_group(model, corrupted, [copies[c] for c in chunk], s, p)
-            if out is None:
-                out = logits.new_empty(len(copies), logits.size(-1))
-            out[torch.tensor(chunk, device=logits.device)] = logits
-            for r, c in enumerate(chunk):
-                kept[c] = recorded[r]
+    # a copy's work: the blocks from its own up, over the positions from its start to p (the bar's unit)
+    work = [(len(model.blocks) - copy.layer) * (p + 1 - copy.start) for copy in copies]
+    with progress(total=sum(work), desc="patching", unit=" block-positions") as bar:
+        for s, members in sorted(by_start.items()):
+            members.sort(key=lambda c: copies[c].layer)
+            per = _rows_per_batch(model, p + 1 - s)
+            for a in range(0, len(members), per):
+                chunk = members[a:a + per]
+                logits, recorded = _run_group(model, corrupted, [copies[c] for c in chunk], s, p)
+                if out is None:
+                    out = logits.new_empty(len(copies), logits.size(-1))
+                out[torch.tensor(chunk, device=logits.device)] = logits
+                for r, c in enumerate(chunk):
+                    kept[c] = recorded[r]
+                bar.update(sum(work[c] for c in chunk))
     if out is None:
         raise UserError("no patched copies to run: give at least one")
     return out, kept

@@ -1,8 +1,10 @@
 """The chapter's Practice: exercises a reader solves in their own file, checked against lumen's own code.
 
 Each exercise belongs to a section of the chapter and asks for a piece of it (a class, a function or a
-number); its checks run the learner's code beside lumen's on random inputs and shapes and answer a known
-mistake with a targeted hint. `lumen practice list|start|check|hint|solution` is the door; from Python:
+number); its checks run the learner's code beside lumen's on random inputs and shapes and recognise known
+mistakes by name. The hint for one comes in steps (exercise.Hint: what to look at, the formula, the fix),
+`lumen practice hint` giving one step at a time for the mistake the last check saw (kept by verdict.py in
+the learner's folder). `lumen practice list|start|check|hint|solution` is the door; from Python:
 
     >>> from lumen import practice
     >>> [e.name for e in practice.EXERCISES.values()][:3]
@@ -34,7 +36,7 @@ from ..formats import load as load_model
 from .apart import MEMORY, TIMEOUT, Sandbox
 from .blocks import BLOCK, DROPOUT, INIT, POST_LN
 from .counting import COUNT, FLOPS
-from .exercise import Check, Exercise, Mistake, Outcome, Report, Spec, run
+from .exercise import Check, Exercise, Hint, Mistake, Outcome, Report, Spec, run
 from .inside import DELETE, KV, LENS
 from .learner import PracticeError, load
 from .mlp import GELU, MIXING, MLP_EXERCISE, SWIGLU_EXERCISE, WORKED
@@ -49,8 +51,8 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in (
     COUNT, DROPOUT, INIT, FLOPS,
 )}
 
-__all__ = ["EXERCISES", "Check", "Exercise", "Location", "Mistake", "Outcome", "PracticeError", "Report", "Sandbox",
-           "Spec", "check_file", "exercise", "load", "run", "solutions", "where"]
+__all__ = ["EXERCISES", "Check", "Exercise", "Hint", "Location", "Mistake", "Outcome", "PracticeError", "Report",
+           "Sandbox", "Spec", "check_file", "exercise", "load", "run", "solutions", "where"]
 
 
 def exercise(name: str) -> Exercise:

@@ -13,7 +13,7 @@ import torch.nn as nn
 from ..block import ParallelBlock, PostLNBlock, TransformerBlock
 from ..config import ModelConfig
 from ..model import GPT
-from .exercise import Check, Context, Exercise, Mistake, Spec
+from .exercise import Check, Context, Exercise, Hint, Mistake, Spec
 from .probes import differs, expect_close, part, randn, randomise, tensor
 
 PARTS = ("ln1", "attn", "ln2", "mlp")
@@ -68,6 +68,12 @@ def _alternatives(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         "stream": stream + mlp(stream),              # the stream itself normalised
         "norms": a + mlp(ln1(a)),                    # ln1 twice, ln2 unused
         "residual": mlp(ln2(attn(ln1(x)))),          # no highway
+        "residual-attn": attn(ln1(x)) + mlp(ln2(attn(ln1(x)))),   # attention's output replaces the stream
+        "residual-mlp": mlp(ln2(a)),                 # the MLP's output replaces the stream
+        # post-LN's: x = LN1(x + Attn(x)); x = LN2(x + MLP(x)) with an addition left out
+        "residual-post": ln2(mlp(ln1(attn(x)))),
+        "residual-post-attn": ln2(ln1(attn(x)) + mlp(ln1(attn(x)))),
+        "residual-post-mlp": ln2(mlp(ln1(x + attn(x)))),
         "order": (x + ln1(attn(x))) + ln2(mlp(x + ln1(attn(x)))),   # the norm on the branch, after f
     }
 
@@ -85,9 +91,10 @@ def _values(cls: str, right: type[TransformerBlock], others: dict[str, type[Tran
                 if not differs(y, _with_parts(other, block, d, heads)(x)):
                     doc = (other.__doc__ or "").splitlines()[0]
                     raise Mistake(f"your block computes lumen's {other.__name__} ({doc})", hint)
-            for hint, z in _alternatives(block, x).items():
+            for wiring, z in _alternatives(block, x).items():
+                hint = wiring.split("-")[0]   # a residual missing on one branch is the residual mistake
                 if hint in wirings and not differs(y, z):
-                    raise Mistake(f"your block's output is {_WIRINGS[hint]}", hint)
+                    raise Mistake(f"your block's output is {_WIRINGS[wiring]}", hint)
         expect_close(y, want, f"{cls}(x) against lumen's {right.__name__} with your parts")
     return check
 
@@ -96,6 +103,15 @@ _WIRINGS = {
     "stream": "x = LN1(x); x = x + Attn(x); x = LN2(x); x = x + MLP(x): the stream itself is normalised",
     "norms": "x + MLP(LN1(x)) after attention: ln1 used twice and ln2 not at all",
     "residual": "MLP(LN2(Attn(LN1(x)))): the residual additions are missing",
+    "residual-attn": "h = Attn(LN1(x)); h + MLP(LN2(h)): attention's branch is not added to x (its residual is "
+                     "missing)",
+    "residual-mlp": "MLP(LN2(x + Attn(LN1(x)))): the MLP's branch is not added to the stream (its residual is "
+                    "missing)",
+    "residual-post": "LN2(MLP(LN1(Attn(x)))): the residual additions are missing",
+    "residual-post-attn": "h = LN1(Attn(x)); LN2(h + MLP(h)): attention's branch is not added to x (its residual is "
+                          "missing)",
+    "residual-post-mlp": "LN2(MLP(LN1(x + Attn(x)))): the MLP's branch is not added to the stream (its residual is "
+                         "missing)",
     "order": "x + LN(f(x)): the norm normalises the branch's output before the add",
 }
 
@@ -157,20 +173,38 @@ your own: the checks run lumen's TransformerBlock with your parts in it and comp
         Check("equal to lumen's TransformerBlock holding your parts, on random inputs and weights",
               _values("TransformerBlock", TransformerBlock, {"post": PostLNBlock, "parallel": ParallelBlock},
                       ("stream", "norms", "residual", "order"))),
-        Check("dropout off in eval mode", _dropout_off("TransformerBlock", TransformerBlock), hint="dropout"),
+        Check("dropout off in eval mode", _dropout_off("TransformerBlock", TransformerBlock)),
     ),
     hints={
         "task": "Two residual updates: each branch reads a normalised copy of x and its output is added to x; "
                 "attention first, then the MLP reading the updated x.",
-        "post": "That is post-LN, x = LN(x + f(x)): in pre-LN the norm moves inside the branch, x = x + f(LN(x)).",
-        "stream": "Pre-LN never normalises the stream itself: keep x and add to it; only the branch's input is "
-                  "normalised, x + Attn(LN1(x)).",
-        "parallel": "The MLP reads the stream after attention has written to it: compute x = x + Attn(LN1(x)) "
-                    "first, then x + MLP(LN2(x)) with that new x (reading both from the block's input is GPT-J's "
-                    "parallel block).",
-        "norms": "Each branch has its own norm: ln1 before attention, ln2 before the MLP.",
-        "residual": "Each branch adds to the stream: x = x + ..., never x = ... (the residual highway).",
-        "order": "The norm goes on the branch's input, x + f(LN(x)), not on its output.",
+        "post": Hint(
+            "where your norms sit: around the branch's input, or around the sum.",
+            "pre-LN: x = x + Attn(LN1(x)), then x = x + MLP(LN2(x)): the norm inside each branch, the stream "
+            "never normalised.",
+            "That is post-LN, x = LN(x + f(x)): in pre-LN the norm moves inside the branch, x = x + f(LN(x))."),
+        "stream": Hint(
+            "what you add the branch's output to: x itself, or a normalised x.",
+            "pre-LN: x = x + Attn(LN1(x)): the branch reads LN1(x), the addition goes to the x that came in.",
+            "Pre-LN never normalises the stream itself: keep x and add to it; only the branch's input is "
+            "normalised, x + Attn(LN1(x))."),
+        "parallel": Hint(
+            "which x the MLP reads: the block's input, or the stream after attention wrote to it.",
+            "two updates in a row: x = x + Attn(LN1(x)), then x = x + MLP(LN2(x)) with the new x.",
+            "The MLP reads the stream after attention has written to it: compute x = x + Attn(LN1(x)) first, then "
+            "x + MLP(LN2(x)) with that new x (reading both from the block's input is GPT-J's parallel block)."),
+        "norms": Hint(
+            "which norm each branch calls.",
+            "x = x + Attn(LN1(x)); x = x + MLP(LN2(x)): two norms, one per branch.",
+            "Each branch has its own norm: ln1 before attention, ln2 before the MLP."),
+        "residual": Hint(
+            "what each branch's output is added to: the line after attention, and the line after the MLP.",
+            "pre-LN: x = x + Attn(LN1(x)), then x = x + MLP(LN2(x)): each branch writes into the stream it read.",
+            "Each branch adds to the stream: x = x + ..., never x = ... (the residual highway)."),
+        "order": Hint(
+            "what each norm is applied to: the branch's input, or its output.",
+            "pre-LN: x + f(LN(x)): normalise what the branch reads, add what it writes unchanged.",
+            "The norm goes on the branch's input, x + f(LN(x)), not on its output."),
         "dropout": "Dropout belongs to training: nn.Dropout is the identity after .eval(); do not apply your own "
                    "dropout unconditionally.",
     },
@@ -194,8 +228,8 @@ Parts: ln1, attn, ln2, mlp (lumen's LayerNorm, MultiHeadAttention and MLP, or yo
     checks=(
         Check("the parts ln1, attn, ln2, mlp; the output has the input's shape", _interface("PostLNBlock")),
         Check("equal to lumen's PostLNBlock holding your parts, on random inputs and weights",
-              _values("PostLNBlock", PostLNBlock, {"pre": TransformerBlock}, ("order",))),
-        Check("dropout off in eval mode", _dropout_off("PostLNBlock", PostLNBlock), hint="dropout"),
+              _values("PostLNBlock", PostLNBlock, {"pre": TransformerBlock}, ("order", "residual"))),
+        Check("dropout off in eval mode", _dropout_off("PostLNBlock", PostLNBlock)),
     ),
     hints={
         "task": "Each line adds the branch's output to x and then normalises the sum: x = LN1(x + Attn(x)), then x = "
@@ -203,6 +237,10 @@ Parts: ln1, attn, ln2, mlp (lumen's LayerNorm, MultiHeadAttention and MLP, or yo
         "pre": "That is pre-LN, x + f(LN(x)): in post-LN the branch reads x itself and the norm comes after the "
                "add, x = LN(x + f(x)).",
         "order": "Normalise the sum, LN(x + f(x)), not the branch's output: the norm sits on the highway.",
+        "residual": Hint(
+            "what goes into each norm: the line with attention, and the line with the MLP.",
+            "post-LN: x = LN1(x + Attn(x)), then x = LN2(x + MLP(x)): each norm takes the stream plus the branch.",
+            "Add the branch to the stream before normalising: LN(x + f(x)), never LN(f(x)) (the residual highway)."),
         "dropout": "Dropout belongs to training: nn.Dropout is the identity after .eval().",
     },
     solution=("lumen.block.PostLNBlock.forward",),

@@ -124,14 +124,27 @@ class Context:
 
 @dataclass(frozen=True)
 class Check:
-    """One thing checked: its description, the function that checks it, and the hint shown when the
-    learner's code raises an exception inside it."""
+    """One thing checked: its description and the function that checks it. An exception the learner's code
+    raises inside it is reported as it is (type, message, the learner's line) with no hint: a check names a
+    mistake only by recognising it (`Mistake(seen, hint)`)."""
 
     name: str
     run: Callable[[ModuleType, Context], None]
-    hint: str = "task"
     gate: bool = True
     smollm2: bool = False   # reads the real SmolLM2 (skipped when a run is asked not to load it)
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A hint in the three steps `lumen practice hint` gives one at a time: where the mistake shows (without
+    naming the fix), the formula or rule the code must follow, and the fix itself."""
+
+    look: str
+    formula: str
+    fix: str
+
+
+STEPS = ("what to look at", "the formula", "the fix")   # the steps of a hint, in order
 
 
 @dataclass(frozen=True)
@@ -143,7 +156,7 @@ class Exercise:
     template: str      # the starting file's code, after its docstring
     specs: tuple[Spec, ...]
     checks: tuple[Check, ...]
-    hints: dict[str, str]      # "task" first, then one per known mistake
+    hints: dict[str, str | Hint]   # "task" first (the nudge), then one per known mistake: its fix, or its steps
     solution: tuple[str, ...]  # lumen's own code, as dotted names (lumen.block.LayerNorm)
 
     @property
@@ -151,8 +164,33 @@ class Exercise:
         return self.name.replace("-", "_") + ".py"
 
     def hint(self, key: str) -> str:
-        """The text of hint `key`: the exercise's own, or one about the process the learner's code ran in."""
-        return self.hints.get(key) or PROCESS_HINTS[key]
+        """The fix of hint `key`: the exercise's own, or one about the process the learner's code ran in."""
+        h = self.hints.get(key) or PROCESS_HINTS[key]
+        return h.fix if isinstance(h, Hint) else h
+
+    def steps(self, check: str, seen: str, key: str | None) -> list[tuple[str, str]]:
+        """The hint for what a check saw, as (title, text) steps given one at a time: what to look at, the
+        formula, the fix.
+
+        A mistake written as a plain fix gets its first two steps from the check (what failed, what it saw)
+        and from the task's nudge; an exception no check recognised (`key` None) has no fix to give, only
+        where it was raised and the formula; what the code did to its process (ended, timed out) has no
+        formula."""
+        task = self.hints["task"]
+        formula = task.formula if isinstance(task, Hint) else task
+        look = f"it saw: {seen}. Find the line of your file that computes what it compared."
+        if key is None:
+            return [(STEPS[0], f"{seen}: an exception, not one of the mistakes the checks know. Read that line "
+                               "of your file and what the exception says about it."), (STEPS[1], formula)]
+        if key == "task":
+            return [(STEPS[0], f"{seen}: your file's docstring says what to write."), (STEPS[1], formula),
+                    ("lumen's own code", f"`lumen practice solution {self.name}` (try the formula first)")]
+        if key not in self.hints:
+            return [(STEPS[0], look), (STEPS[2], PROCESS_HINTS[key])]
+        h = self.hints[key]
+        if isinstance(h, Hint):
+            return list(zip(STEPS, (h.look, h.formula, h.fix)))
+        return list(zip(STEPS, (look, formula, h)))
 
     @property
     def reads_smollm2(self) -> bool:
@@ -163,7 +201,8 @@ class Exercise:
         doc = "\n".join(line.rstrip() for line in self.task.strip().splitlines())
         return (f'"""Exercise {self.name} (the chapter, "{self.section}").\n\n{doc}\n\n'
                 f'Check it:  lumen practice check {self.name} {self.file_name}\n'
-                f'A hint:    lumen practice hint {self.name}\n"""\n\n{self.template.lstrip()}')
+                f'A hint:    lumen practice hint {self.name}   (for the mistake the check saw; --more: the next '
+                f'step)\n"""\n\n{self.template.lstrip()}')
 
 
 @dataclass(frozen=True)
@@ -242,7 +281,8 @@ def _raised(e: Exception, learner: Any, check: Check) -> Outcome:
                        "answer", "ended")
     if kind == "MemoryError" or "can't allocate memory" in message or "not enough memory" in message:
         return Outcome(check.name, "failed", f"your code ran out of memory{at}: {message}", "memory")
-    return Outcome(check.name, "failed", f"your code raised {kind}: {message}{at}", check.hint)
+    # an exception no check recognised: what it was and where, and no hint about some other mistake
+    return Outcome(check.name, "failed", f"your code raised {kind}: {message}{at}", None)
 
 
 def _learner_line(e: BaseException, learner: ModuleType) -> str | None:

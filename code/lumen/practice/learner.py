@@ -41,7 +41,8 @@ def load(path: str | Path, exercise: Exercise) -> ModuleType:
     except SyntaxError as e:
         raise PracticeError(f"{path}:{e.lineno}: syntax error: {e.msg} (fix it and check again)") from None
     except BaseException as e:  # noqa: BLE001  (whatever the learner's file raised while importing, exits too)
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path]
+        # importlib makes the file's name absolute in the traceback: compare resolved paths, not as typed
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if _same_file(f.filename, path)]
         line = f":{frames[-1].lineno}" if frames else ""
         raise PracticeError(f"{path}{line}: importing it raised {type(e).__name__}: {_short(e)} "
                             "(fix it and check again)") from None
@@ -83,6 +84,13 @@ def _bindable(path: Path, s: Spec, fn, args: tuple, kwargs: dict, what: str) -> 
     except TypeError as e:
         raise PracticeError(f"{path}: {what}{sig} cannot be called as the exercise calls it ({e}); "
                             f"it asks for {s.shown}") from None
+
+
+def _same_file(filename: str, path: Path) -> bool:
+    try:
+        return Path(filename).resolve() == path.resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def _short(e: BaseException) -> str:

@@ -13,7 +13,7 @@ from ..accounting import formula
 from ..attention import MultiHeadAttention
 from ..block import MLP, GeGLU, SwiGLU
 from ..config import ACTIVATIONS, ModelConfig
-from .exercise import Check, Context, Exercise, Mistake, Spec
+from .exercise import Check, Context, Exercise, Hint, Mistake, Spec
 from .probes import affine, differs, expect_close, part, randn, randomise, set_linear, tensor
 
 FFN = "The feed-forward block (MLP)"
@@ -194,19 +194,34 @@ class MLP(nn.Module):
     checks=(
         Check("fc expands d_model to d_ff (4 d_model by default) and proj projects back, both affine", _mlp_interface),
         Check("equal to lumen's MLP (exact GELU) with the same weights, on random inputs", _mlp_values),
-        Check("dropout on the output in training, and off in eval mode", _mlp_dropout, hint="dropout"),
+        Check("dropout on the output in training, and off in eval mode", _mlp_dropout),
     ),
     hints={
         "task": "Two affine maps with exact GELU between them: fc expands d_model to d_ff (4 d_model by default), "
                 "proj brings it back, dropout on the output (nn.Linear, F.gelu and nn.Dropout are the chapter's "
                 "parts).",
-        "d_ff": "d_ff = d_ff or 4 * d_model: the chapter's expansion by four when no width is given.",
-        "relu": "The chapter's MLP uses GELU, not ReLU: F.gelu(u), which keeps a little of the negative answers.",
-        "tanh": "The exercise asks for exact GELU, x Phi(x): F.gelu(u) without approximate='tanh' "
-                "(GPT-2 was trained with the tanh form; lumen's MLP default is the exact one).",
-        "nonlinearity": "Two matrices in a row are one matrix: put GELU between fc and proj.",
-        "dropout": "Apply nn.Dropout(dropout) to the output: it drops in training and is the identity after "
-                   ".eval(); a hand-written dropout must look at self.training.",
+        "d_ff": Hint(
+            "the width fc expands to when d_ff is not given.",
+            "MLP(x) = W2 GELU(W1 x + b1) + b2 with W1 of shape (d_ff, d): the hidden width is 4 d by default.",
+            "d_ff = d_ff or 4 * d_model: the chapter's expansion by four when no width is given."),
+        "relu": Hint(
+            "the nonlinearity between fc and proj, on negative inputs.",
+            "MLP(x) = proj(GELU(fc(x))), GELU(u) = u Phi(u): slightly negative for negative u, never cut to 0.",
+            "The chapter's MLP uses GELU, not ReLU: F.gelu(u), which keeps a little of the negative answers."),
+        "tanh": Hint(
+            "which GELU your forward calls: exact, or an approximation.",
+            "GELU(u) = u Phi(u), Phi the normal CDF (the exact form, with erf).",
+            "The exercise asks for exact GELU, x Phi(x): F.gelu(u) without approximate='tanh' "
+                "(GPT-2 was trained with the tanh form; lumen's MLP default is the exact one)."),
+        "nonlinearity": Hint(
+            "what happens between fc and proj.",
+            "MLP(x) = proj(GELU(fc(x))): without the nonlinearity, proj(fc(x)) is one linear map.",
+            "Two matrices in a row are one matrix: put GELU between fc and proj."),
+        "dropout": Hint(
+            "what forward does with the dropout rate, in training and after .eval().",
+            "MLP(x) = Dropout(proj(GELU(fc(x)))): dropout on the output, in training only.",
+            "Apply nn.Dropout(dropout) to the output: it drops in training and is the identity after "
+                   ".eval(); a hand-written dropout must look at self.training."),
     },
     solution=("lumen.block.MLP",),
 )
@@ -302,13 +317,28 @@ STREAM_AFTER = [..., ...]   # mlp_update(x, W1, W2) for the chapter's x, to thre
     hints={
         "task": "The stream after the MLP is x plus the MLP's write: expand with x @ W1, apply exact GELU, project "
                 "back with @ W2. STREAM_AFTER is your function's value for the chapter's x, to three decimals.",
-        "shapes": "W1 is (d, hidden) and multiplies from the right: x @ W1 (each hidden unit is x dotted with a "
-                  "column of W1), then @ W2.",
-        "residual": "The MLP writes into the stream by addition: the stream after it is x + write, not the write.",
-        "relu": "The example uses GELU: GELU(-1) = -0.16, where ReLU would give 0.",
-        "tanh": "Use exact GELU (F.gelu without approximate='tanh'), as the chapter's numbers do.",
-        "rounded": "The chapter rounds h to [0.84, -0.16, -0.05, 0] before projecting back, which gives [1.79, "
-                   "-1.21]; carrying GELU's full precision gives [1.796, -1.204] (docs/confusions.md).",
+        "shapes": Hint(
+            "the shapes: x (..., d), W1 (d, hidden), W2 (hidden, d); which side W1 multiplies from.",
+            "x W1 is (..., hidden): each hidden unit is x dotted with a column of W1; then GELU, then @ W2 back to d.",
+            "W1 is (d, hidden) and multiplies from the right: x @ W1 (each hidden unit is x dotted with a "
+                  "column of W1), then @ W2."),
+        "residual": Hint(
+            "what your function returns: the MLP's write, or the stream after it.",
+            "stream after = x + GELU(x W1) W2: the write is added to the stream that came in.",
+            "The MLP writes into the stream by addition: the stream after it is x + write, not the write."),
+        "relu": Hint(
+            "the nonlinearity you apply to x W1 = [1, -1, -2, 0], and what it gives at -1.",
+            "h = GELU(x W1) = [0.84, -0.16, -0.05, 0]: GELU(-1) is -0.16.",
+            "The example uses GELU: GELU(-1) = -0.16, where ReLU would give 0."),
+        "tanh": Hint(
+            "which GELU you apply: exact, or an approximation.",
+            "GELU(u) = u Phi(u), Phi the normal CDF (the exact form, with erf).",
+            "Use exact GELU (F.gelu without approximate='tanh'), as the chapter's numbers do."),
+        "rounded": Hint(
+            "STREAM_AFTER: whether it comes from your function, or from the chapter's rounded numbers.",
+            "STREAM_AFTER = mlp_update(x, W1, W2) at full precision, then rounded to three decimals at the end.",
+            "The chapter rounds h to [0.84, -0.16, -0.05, 0] before projecting back, which gives [1.79, "
+                   "-1.21]; carrying GELU's full precision gives [1.796, -1.204] (docs/confusions.md)."),
     },
     solution=("lumen.block.MLP",),
 )
@@ -377,12 +407,24 @@ def gelu(x):
     hints={
         "task": "Phi is the standard normal cumulative distribution function, and torch.erf gives it: Phi(x) = (1 + "
                 "erf(x / sqrt(2))) / 2.",
-        "relu": "ReLU, max(0, x), is what GELU smooths: GELU dips below zero for negative x (GELU(-1) = -0.16).",
-        "tanh": "That is the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), close to "
-                "GELU but not it: the exercise asks for x Phi(x) with the error function.",
-        "silu": "That is SiLU, x sigmoid(x), the same idea with a sigmoid: GELU uses the normal CDF Phi.",
-        "sqrt2": "Phi(x) = (1 + erf(x / sqrt(2))) / 2: erf is the CDF of a normal with variance 1/2, so its "
-                 "argument is divided by sqrt(2).",
+        "relu": Hint(
+            "what your gelu gives for negative x, e.g. gelu(torch.tensor(-1.0)).",
+            "GELU(x) = x Phi(x): for x < 0, Phi(x) > 0, so GELU(x) is small and negative (GELU(-1) = -0.16).",
+            "ReLU, max(0, x), is what GELU smooths: GELU dips below zero for negative x (GELU(-1) = -0.16)."),
+        "tanh": Hint(
+            "the function inside your Phi: erf, or tanh.",
+            "GELU(x) = x Phi(x), Phi(x) = (1 + erf(x / sqrt(2))) / 2.",
+            "That is the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), close to "
+                "GELU but not it: the exercise asks for x Phi(x) with the error function."),
+        "silu": Hint(
+            "what multiplies x in your gelu.",
+            "GELU(x) = x Phi(x), Phi the standard normal CDF, (1 + erf(x / sqrt(2))) / 2.",
+            "That is SiLU, x sigmoid(x), the same idea with a sigmoid: GELU uses the normal CDF Phi."),
+        "sqrt2": Hint(
+            "the argument you give erf.",
+            "Phi(x) = (1 + erf(x / sqrt(2))) / 2.",
+            "Phi(x) = (1 + erf(x / sqrt(2))) / 2: erf is the CDF of a normal with variance 1/2, so its "
+                 "argument is divided by sqrt(2)."),
     },
     solution=("lumen.config.ACTIVATIONS",),
 )

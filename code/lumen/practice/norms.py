@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from ..block import LayerNorm, RMSNorm
-from .exercise import Check, Context, Exercise, Mistake, Spec
+from .exercise import Check, Context, Exercise, Hint, Mistake, Spec
 from .probes import differs, expect_close, part, randn, tensor
 
 SECTION = "LayerNorm: keeping the stream well-behaved"
@@ -141,29 +141,54 @@ class LayerNorm(nn.Module):
                 args=(8,), kwargs={"eps": 1e-5}, forward_args=("x",)),),
     checks=(
         Check("the chapter's interface: LayerNorm(d, eps=1e-5), g = ones(d) and b = zeros(d) as parameters",
-              _ln_interface, hint="interface"),
-        Check("the output has the input's shape (B, T, d)", _shapes("LayerNorm"), hint="keepdim"),
+              _ln_interface),
+        Check("the output has the input's shape (B, T, d)", _shapes("LayerNorm")),
         Check("statistics per token: one token's output depends on that token alone", _per_token("LayerNorm")),
         Check("equal to lumen's LayerNorm on random inputs, shapes, gains and biases", _ln_values),
-        Check("eps where the formula puts it, on inputs whose variance is about eps", _ln_eps, hint="eps"),
+        Check("eps where the formula puts it, on inputs whose variance is about eps", _ln_eps),
     ),
     hints={
         "task": "Per token: subtract the mean over the last axis, divide by the square root of the variance (dividing "
                 "by d) plus eps, then scale by g and shift by b.",
-        "interface": "Use the chapter's names: self.g = nn.Parameter(torch.ones(d)) and "
-                     "self.b = nn.Parameter(torch.zeros(d)) (not weight/bias or gamma/beta), and keep eps.",
-        "keepdim": "Reduce with keepdim=True (x.mean(-1, keepdim=True)): the statistics keep a length-1 last axis, "
-                   "so they broadcast back against x of shape (..., d).",
-        "batch": "The statistics are over the last axis only (-1), not over the batch: the chapter takes them "
-                 "across the d dimensions of one token, which is why LayerNorm works for a batch of one.",
-        "positions": "The statistics are over the last axis (-1), not over positions (-2): each token is "
-                     "normalised on its own, whatever the length of the sequence.",
-        "unbiased": "Divide the variance by d, not d - 1: x.var(-1, keepdim=True, unbiased=False) "
-                    "(torch's var is unbiased by default; the formula and nn.LayerNorm are not).",
-        "gain": "After standardising, multiply by self.g and add self.b: they let the network undo the "
-                "normalisation where it prefers to.",
-        "eps": "eps goes inside the square root, torch.sqrt(var + self.eps), and it is the eps given to "
-               "__init__: (x - mu) / (std + eps) or a fixed 1e-5 differ exactly when the variance is small.",
+        "interface": Hint(
+            "the names your __init__ gives the gain and the bias, what they start as, and whether they are "
+            "nn.Parameter (print dict(LayerNorm(6).named_parameters())).",
+            "LN(x) = (x - mean) / sqrt(var + eps) * g + b: g and b are learned per dimension, so parameters of "
+            "d values each, starting where LN changes nothing (g = 1, b = 0).",
+            "Use the chapter's names: self.g = nn.Parameter(torch.ones(d)) and self.b = nn.Parameter(torch.zeros(d)) "
+            "(not weight/bias or gamma/beta), and keep eps."),
+        "keepdim": Hint(
+            "the shapes of your mean and variance for x of shape (2, 3, 5): print them.",
+            "mean and var are one number per token, shape (2, 3, 1): a length-1 last axis broadcasts against x "
+            "of shape (2, 3, 5); shape (2, 3) does not.",
+            "Reduce with keepdim=True (x.mean(-1, keepdim=True)): the statistics keep a length-1 last axis, so they "
+            "broadcast back against x of shape (..., d)."),
+        "batch": Hint(
+            "the axis your mean and variance are taken over.",
+            "the statistics are over the d dimensions of one token, the last axis (-1): one mean and one variance "
+            "per token.",
+            "The statistics are over the last axis only (-1), not over the batch: the chapter takes them across the "
+            "d dimensions of one token, which is why LayerNorm works for a batch of one."),
+        "positions": Hint(
+            "the axis your mean and variance are taken over.",
+            "the statistics are over the d dimensions of one token, the last axis (-1), never over the sequence.",
+            "The statistics are over the last axis (-1), not over positions (-2): each token is normalised on its "
+            "own, whatever the length of the sequence."),
+        "unbiased": Hint(
+            "your variance: what the sum of squared deviations is divided by.",
+            "var = mean((x - mean)^2) over the last axis: the sum divided by d, as nn.LayerNorm does.",
+            "Divide the variance by d, not d - 1: x.var(-1, keepdim=True, unbiased=False) (torch's var is unbiased "
+            "by default; the formula and nn.LayerNorm are not)."),
+        "gain": Hint(
+            "the end of your forward: what happens after x is standardised.",
+            "LN(x) = standardised x * g + b: the gain and the bias apply last, per dimension.",
+            "After standardising, multiply by self.g and add self.b: they let the network undo the normalisation "
+            "where it prefers to."),
+        "eps": Hint(
+            "where eps enters your formula, and which eps it is.",
+            "(x - mean) / sqrt(var + eps): eps inside the square root, the one given to __init__.",
+            "eps goes inside the square root, torch.sqrt(var + self.eps), and it is the eps given to __init__: "
+            "(x - mu) / (std + eps) or a fixed 1e-5 differ exactly when the variance is small."),
     },
     solution=("lumen.block.LayerNorm",),
 )
@@ -251,23 +276,40 @@ class RMSNorm(nn.Module):
                 args=(8,), kwargs={"eps": 1e-6}, forward_args=("x",)),),
     checks=(
         Check("the chapter's interface: RMSNorm(d, eps=1e-6) with one parameter, g = ones(d)", _rms_interface),
-        Check("the output has the input's shape (B, T, d)", _shapes("RMSNorm"), hint="keepdim"),
+        Check("the output has the input's shape (B, T, d)", _shapes("RMSNorm")),
         Check("statistics per token: one token's output depends on that token alone", _per_token("RMSNorm")),
         Check("equal to lumen's RMSNorm on random inputs, shapes and gains", _rms_values),
         Check("the chapter's example: [2, 4, 6, 8] -> [0.37, 0.73, 1.10, 1.46]", _rms_chapter),
-        Check("eps inside the square root, on inputs whose mean square is about eps", _rms_eps, hint="eps"),
+        Check("eps inside the square root, on inputs whose mean square is about eps", _rms_eps),
     ),
     hints={
         "task": "Divide x by the square root of its mean square over the last axis plus eps, then scale by g: no "
                 "mean, no bias.",
-        "keepdim": "Reduce with keepdim=True so the root mean square broadcasts back against x of shape (..., d).",
-        "batch": "The mean square is over the last axis only (-1): each token is scaled on its own, never by "
-                 "the other sequences in the batch.",
-        "positions": "The mean square is over the last axis (-1), not over positions (-2).",
-        "centre": "RMSNorm drops LayerNorm's mean subtraction: divide x itself (not x - mean) by its root mean "
-                  "square.",
-        "bias": "RMSNorm drops the bias too: its only parameter is the gain g; do not add a b.",
-        "eps": "eps goes inside the square root, torch.sqrt(mean(x^2) + self.eps), and is the eps given to __init__.",
+        "keepdim": Hint(
+            "the shape of your root mean square for x of shape (2, 3, 5): print it.",
+            "one root mean square per token, shape (2, 3, 1): a length-1 last axis broadcasts against x.",
+            "Reduce with keepdim=True so the root mean square broadcasts back against x of shape (..., d)."),
+        "batch": Hint(
+            "the axis your mean square is taken over.",
+            "RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g, the mean over the d dimensions of one token (axis -1).",
+            "The mean square is over the last axis only (-1): each token is scaled on its own, never by the other "
+            "sequences in the batch."),
+        "positions": Hint(
+            "the axis your mean square is taken over.",
+            "the mean over the d dimensions of one token (axis -1), never over the sequence.",
+            "The mean square is over the last axis (-1), not over positions (-2)."),
+        "centre": Hint(
+            "what you divide by the root mean square: x, or something computed from it first.",
+            "RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g: x itself is scaled; nothing is subtracted.",
+            "RMSNorm drops LayerNorm's mean subtraction: divide x itself (not x - mean) by its root mean square."),
+        "bias": Hint(
+            "the parameters your __init__ creates, and what forward adds at the end.",
+            "RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g: one learned vector, the gain.",
+            "RMSNorm drops the bias too: its only parameter is the gain g; do not add a b."),
+        "eps": Hint(
+            "where eps enters your formula, and which eps it is.",
+            "x / sqrt(mean(x^2) + eps): eps inside the square root, the one given to __init__.",
+            "eps goes inside the square root, torch.sqrt(mean(x^2) + self.eps), and is the eps given to __init__."),
     },
     solution=("lumen.block.RMSNorm",),
 )

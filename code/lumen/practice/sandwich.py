@@ -138,7 +138,7 @@ class SandwichBlock(nn.Module):
     checks=(
         Check("the parts ln1, attn, ln1_post, ln2, mlp, ln2_post; the output has the input's shape", _interface),
         Check("equal to lumen's SandwichBlock holding your parts, on random inputs and weights", _values),
-        Check("dropout off in eval mode", _dropout_off, hint="dropout"),
+        Check("dropout off in eval mode", _dropout_off),
     ),
     hints={
         "task": "Pre-LN with one more norm per branch: the branch reads LN1(x), its output goes through LN1_post, "

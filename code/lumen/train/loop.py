@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from tqdm import tqdm
 
 from ..config import ModelConfig
 from ..data import TokenData
 from ..decode import Sampling, tokens
 from ..errors import ConfigError, TrainingError, UserError
 from ..model import GPT
+from ..progress import progress
 from ..runtime import cpu
 from ..runtime.compiling import COMPILE_OPTIONS
 from ..runtime.threads import ThreadTuner, cpu_count
@@ -147,8 +147,8 @@ class Trainer:
         speed = Throughput(cfg.windows_per_step * self.T, training_flops_per_token(self.model_cfg, self.T), peak)
         # the bar draws on a terminal only (disable=None); piped into a log, the run still writes its banner,
         # each evaluation's line and the summary
-        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr,
-                   disable=None if self.talks else True)
+        # (inside an experiment's bar, its steps advance that bar: lumen.progress)
+        bar = progress(total=cfg.steps, initial=self.step, unit="step", silent=not self.talks)
         if self.talks:
             bar.write(self.banner(speed.tokens_per_step), file=sys.stderr)
         t_start, loss, val, stopped = time.perf_counter(), None, None, "done"

@@ -1,0 +1,123 @@
+"""lumen.progress's estimate is the machine's own: the work left over the rate measured so far. A fake slow
+job on a fake clock checks it against the work actually left (through the real helper, as the commands use
+it); an experiment's bar moves by the steps of its runs, not by runs; and a real command (`lumen
+delete-layer`, LUMEN_PROGRESS=always as in a log) shows the estimate."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import tqdm.std
+
+from helpers.runs import tiny_run
+from lumen.cli import main
+from lumen.progress import progress, seconds_left
+
+
+class Clock:
+    """A clock that moves only when the fake job works."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(tqdm.std, "time", c)   # tqdm's bars read their time through it
+    monkeypatch.setenv("LUMEN_PROGRESS", "always")
+    return c
+
+
+def test_a_slow_jobs_estimate_is_the_work_left_at_its_own_speed(clock, capsys):
+    per_piece, pieces = 0.75, 40
+    with progress(total=pieces, desc="a slow job", unit="piece") as bar:
+        for done in range(1, pieces + 1):
+            clock.work(per_piece)
+            bar.update()
+            if done >= 3:
+                assert seconds_left(bar) == pytest.approx((pieces - done) * per_piece, rel=0.02), done
+        drawn = capsys.readouterr().err
+    # what the bar draws says the same: at 20 of 40 pieces, 15 s left ("<00:15")
+    assert re.search(r"20/40 \[00:15<00:15", drawn), drawn[-400:]
+
+
+def test_the_estimate_follows_the_machine_when_it_slows_down(clock):
+    with progress(total=100, desc="a job on a machine that gets busy", unit="piece") as bar:
+        for done in range(1, 101):
+            clock.work(0.2 if done <= 50 else 0.6)   # another job starts halfway: three times slower
+            bar.update()
+            if done == 80:
+                assert seconds_left(bar) == pytest.approx(20 * 0.6, rel=0.05)
+
+
+def test_an_experiments_bar_moves_by_the_steps_of_its_runs_not_by_runs(clock):
+    """Three training runs of 10 steps (their own bars silent, as fit.train_lm's are) inside an experiment
+    that declared 30 steps: after every step the estimate is the steps left at the measured speed."""
+    from lumen.experiments import fit
+
+    with progress(desc="an experiment", unit="step") as fit.BAR:
+        try:
+            fit.expect(30)
+            for run in range(3):
+                with progress(total=10, unit="step", silent=True) as inner:
+                    for step in range(10):
+                        clock.work(0.5)
+                        inner.update()
+                        done = run * 10 + step + 1
+                        assert fit.BAR.n == done
+                        if done >= 3:
+                            assert seconds_left(fit.BAR) == pytest.approx((30 - done) * 0.5, rel=0.02)
+        finally:
+            fit.BAR = None
+
+
+def test_a_bar_inside_a_bar_with_a_total_stays_silent(clock, capsys):
+    with progress(total=2, desc="the whole job", unit="pass") as outer:
+        with progress(total=5, desc="one part", unit="batch") as inner:
+            inner.update(5)
+        outer.update(2)
+    drawn = capsys.readouterr().err
+    assert "the whole job" in drawn and "one part" not in drawn
+
+
+def test_delete_layer_shows_its_estimate(tmp_path, monkeypatch, capsys):
+    """The real command, its bar drawn into a log: one pass intact and one per block, each with the estimate."""
+    root = tiny_run(tmp_path)
+    monkeypatch.setenv("LUMEN_PROGRESS", "always")
+    assert main(["delete-layer", str(root / "run"), "--corpus", str(root / "corpus"), "--windows", "1",
+                 "--seq-len", "16"]) == 0
+    drawn = capsys.readouterr().err
+    blocks = 3   # tiny_run's model
+    shown = re.findall(r"deleting blocks:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+) \[[\d:]+<([\d:?]+)", drawn)
+    assert shown and {int(t) for _, t, _ in shown} == {blocks + 1}, drawn
+    assert any(eta != "?" for done, _, eta in shown if int(done) > 0), drawn   # an estimate once a pass is done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["norms", "mixing"])
+def test_an_experiment_declares_the_steps_its_runs_take(name, monkeypatch, capsys):
+    """fit.expect's total is the steps the runs take (the bar ends at its total), so the estimate is true.
+    (Checked on every training experiment once by hand: norms 60, activations 120, init-scaling 30, dropout
+    240, depth 80, norm-placement 160, mixing 360 steps at the quick size, each equal to its declared total.)"""
+    import lumen.experiments as experiments
+
+    made = []
+
+    def spy(*args, **kwargs):
+        made.append(progress(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setenv("LUMEN_PROGRESS", "always")
+    monkeypatch.setattr(experiments, "progress", spy)
+    experiments.run(name, quick=True)
+    bar = made[0]
+    assert bar.total and bar.n == bar.total
+    assert re.search(rf"{name}:.*\| *\d+/{bar.total} \[[\d:]+<[\d:]+,", capsys.readouterr().err)   # an estimate
