@@ -42,6 +42,7 @@ RUNNABLE = [
     "lumen.tokenizers.batch",
     "lumen.tokenizers.chat",
     "lumen.tokenizers.kinds",
+    "lumen.tokenizers.shown",
     "lumen.train",
     "lumen.train.config",
     "lumen.train.optim",

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from .. import names
+from ..tokenizers.shown import logit_name, quoted
 from . import UserError
 from .models import add_model_argument, add_out_argument, at_least, input_file, load_with_tokenizer, output_dir
 from .prompts import add_prompts_arguments, refuse_with_prompts
@@ -90,9 +91,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(data, ensure_ascii=False))
         return 0
     t = position % len(ids)
-    what = (f"logit[{data['target'][t]!r}] - logit[{data['minus'][t]!r}]" if a.minus is not None
-            else f"logit[{data['target'][t]!r}]")
-    print(f"{what} at position {t} ({a.tokens[t]!r}) = {float(a.logit[t]):.4f}; "
+    what = logit_name(data['target'][t], data['minus'][t] if a.minus is not None else None)
+    print(f"{what} at position {t} ({quoted(a.tokens[t])}) = {float(a.logit[t]):.4f}; "
           f"the components sum to {float(a.values[:, t].sum()):.4f}")
     print_components(a, t, args.top)
     if args.out:

@@ -39,6 +39,7 @@ from ..attention import KVCache, LayerCache
 from ..errors import UserError
 from ..model import GPT
 from ..tokenizers import Batch
+from ..tokenizers.shown import token_texts
 from .cache import run_with_cache
 from .hooks import check_layer, hooked
 
@@ -488,4 +489,4 @@ def _maps(model: GPT, clean: torch.Tensor, corrupt: torch.Tensor, metric: Metric
 
 def _texts(tokenizer, idx: torch.Tensor) -> list[str]:
     ids = idx[0].tolist()
-    return [tokenizer.decode([i]) for i in ids] if tokenizer is not None else [str(i) for i in ids]
+    return token_texts(tokenizer, ids)
