@@ -83,6 +83,7 @@ NOT_RUN = {
     "lumen.report.serve": "starts a server",
     "lumen.runtime.threads": "times real work",
     "lumen.runtime.cpu": "its answers are this machine's CPU's",
+    "lumen.runtime.cache": "its answer is this machine's home folder",
     "lumen.train.budget": "times a run's real steps",
     "lumen.report.figures": "a lens result",
     "lumen.report.html": "a lens result",

