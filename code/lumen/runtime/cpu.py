@@ -78,6 +78,33 @@ def kernel_flags() -> list[str]:
     return [f for f in KERNEL_FLAGS if f in have]
 
 
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask: fewer than the machine's in a container)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # (not Linux)
+        return os.cpu_count() or 1
+
+
+def machine(threads: bool = True, memory: bool = False, load: bool = False, versions: bool = False) -> str:
+    """One line naming where a figure was measured: the CPU, the flags that chose its kernels, the CPUs this
+    process may use and (`threads`) torch's threads in it; with `memory` the RAM, with `load` the load average
+    now, with `versions` Python's and torch's versions. "Intel(R) Xeon(R) Processor (amx_tile, avx512f, avx2,
+    fma), 2 CPUs, 2 torch threads"."""
+    import torch
+
+    line = f"{name()} ({', '.join(kernel_flags()) or 'none of the flags lumen names'}), {cpu_count()} CPUs"
+    if threads:
+        line += f", {torch.get_num_threads()} torch threads"
+    if memory:
+        line += f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    if load:
+        line += ", load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if versions:
+        line += f", Python {platform.python_version()}, torch {torch.__version__}"
+    return line
+
+
 def onednn_bf16() -> bool:
     """Whether oneDNN's bf16 kernels (packed weights, bf16 products) run here: on x86 they need AVX-512's
     byte, vector-length and doubleword parts, or AVX-NE-CONVERT, and raise otherwise; on ARM, the bf16 flag."""
