@@ -10,6 +10,7 @@ Every use re-checks the cached file's sha256: a corrupted entry is deleted and f
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -159,8 +160,6 @@ def _open_member(archive: Path, member: str):
 
 
 def _extract_folder(art: Artifact, archive: Path, out: Path) -> None:
-    import fnmatch
-
     sums: dict[str, str] = {}
     with tarfile.open(archive) as tar:
         for m in tar.getmembers():

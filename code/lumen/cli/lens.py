@@ -19,7 +19,7 @@ import torch
 from .. import names
 from ..tokenizers.shown import quoted, shown
 from .models import add_model_argument, add_out_argument, at_least, input_file, load_with_tokenizer, output_dir
-from .prompts import add_prompts_arguments
+from .prompts import add_prompts_arguments, check_prompts_file
 
 TABLE_POSITIONS = 6
 TRAIN_ONE = "train one with `lumen tuned-lens train MODEL`"
@@ -58,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wrong is not None and args.answer is None:
         raise UserError("--wrong needs --answer: the lens reads logit[answer] - logit[wrong]")
     out = output_dir(args.out) if args.out else None
-    if args.prompts:
-        input_file(args.prompts, "--prompts", "prompt file")   # the files given, before the model loads
+    check_prompts_file(args)
     if args.tuned:
         input_file(lens_file(args.tuned), "--tuned", "tuned lens", TRAIN_ONE)
     model, tok = load_with_tokenizer(args.model)

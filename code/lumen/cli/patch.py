@@ -19,8 +19,8 @@ from pathlib import Path
 
 from ..tokenizers.shown import quoted, shown
 from . import UserError
-from .models import add_model_argument, add_out_argument, input_file, load_with_tokenizer, output_dir
-from .prompts import add_prompts_arguments, refuse_with_prompts
+from .models import add_model_argument, add_out_argument, load_with_tokenizer, output_dir
+from .prompts import add_prompts_arguments, check_prompts_file, refuse_with_prompts
 
 METRICS = ("logit-diff", "logprob")   # (lumen.inspect.datasets.METRICS: the parser is built before it is imported)
 KINDS = ("resid_pre", "attn_out", "mlp_out", "head")
@@ -74,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give --clean and --corrupt (a pair of prompts), or --prompts FILE (a dataset of pairs)")
     if args.out is not None:
         output_dir(args.out)
-    if args.prompts:
-        input_file(args.prompts, "--prompts", "prompt file")   # before the model loads
+    check_prompts_file(args)
     model, tok = load_with_tokenizer(args.model)
     if args.prompts:
         return run_prompts(args, model.eval(), tok)

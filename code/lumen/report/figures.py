@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -106,8 +107,6 @@ def head_scores_plot(scores: dict, path: str | Path, title: str = "attention hea
 def attribution_plot(a, path: str | Path, position: int = -1, title: str = "direct logit attribution") -> Path:
     """Left: each component's direct contribution at one position (bars, the embedding at the top);
     right: every head's contribution (layers x heads, red adds to the logit, blue takes away)."""
-    import numpy as np
-
     t = position % len(a.ids)
     names, vals = a.components, a.values[:, t].numpy()
     fig = Figure(figsize=(11.0, max(4.0, 0.16 * len(names) + 1.5)))

@@ -21,6 +21,8 @@ import os
 import platform
 from pathlib import Path
 
+import torch
+
 OVERRIDE = "LUMEN_CPU_FLAGS"  # the flags to decide by, space-separated, instead of the CPU's own
 
 # the flags that choose kernels, as Linux names them: what a benchmark names beside its figures
@@ -91,8 +93,6 @@ def machine(threads: bool = True, memory: bool = False, load: bool = False, vers
     process may use and (`threads`) torch's threads in it; with `memory` the RAM, with `load` the load average
     now, with `versions` Python's and torch's versions. "Intel(R) Xeon(R) Processor (amx_tile, avx512f, avx2,
     fma), 2 CPUs, 2 torch threads"."""
-    import torch
-
     line = f"{name()} ({', '.join(kernel_flags()) or 'none of the flags lumen names'}), {cpu_count()} CPUs"
     if threads:
         line += f", {torch.get_num_threads()} torch threads"
