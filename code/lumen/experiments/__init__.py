@@ -126,6 +126,7 @@ def write_doc(results: list[Result], path: str | Path, out: str | Path, command:
     except ValueError:
         rel = out.resolve()
     wall = sum(r.seconds for r in results)
+    summed = ", summed over the machines" if len({r.machine for r in results}) > 1 else ""
     sizes = {"quick" if r.quick else "full" for r in results}
     lines = [
         "# The chapter's claims, measured",
@@ -134,7 +135,7 @@ def write_doc(results: list[Result], path: str | Path, out: str | Path, command:
         " `lumen experiment NAME --out " + out.as_posix() + " --doc " + path.as_posix() + "` refreshes its section).",
         "",
         f"{machines(results)} Wall time: {wall / 60:.1f} minutes for all experiments together "
-        f"({' and '.join(sorted(sizes))} size).",
+        f"({' and '.join(sorted(sizes))} size{summed}).",
         "",
         "Each section states the chapter's claim, the measured numbers, and what they show, including where they"
         " disagree with the chapter or where the effect needs more compute than this budget. One experiment:"
