@@ -14,20 +14,11 @@ it twice. Not a test.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-
-def timed(fn, repeats: int):
-    times, out = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
+from common import timed  # bench/common.py (the script's own folder is on sys.path)
 
 
 @torch.no_grad()

@@ -5,7 +5,7 @@ memory while decoding (max RSS).
     .venv/bin/python bench/bench_llamacpp.py [--tokens 128] [--prompt 512] [--rounds 2] [--threads 1,2]
 
 llama.cpp is built natively from the source the llama-cpp-python sdist on PyPI carries (bench/llamacpp_native.py:
-cmake, -DGGML_NATIVE=ON, cached under ~/.cache/lumen-bench) and measured with its own `llama-bench` (tg, pp);
+cmake, -DGGML_NATIVE=ON, cached under ~/.cache/lumen/bench) and measured with its own `llama-bench` (tg, pp);
 where it cannot be built (no compiler or cmake), npm's node-llama-cpp (prebuilt binaries) stands in, decoding
 only. Every contender runs in its own process and they take turns in every round: llama.cpp, lumen decoding
 from the file's own Q4_1/Q8_0 blocks (`--weights gguf`: torch.compile's step; the step compiled ahead of time

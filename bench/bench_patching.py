@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from collections.abc import Sequence
 
 import torch
+
+from common import timed  # bench/common.py (the script's own folder is on sys.path)
 
 PAIRS = {
     "ioi": ("When Mary and John went to the store, John gave a bottle of milk to",
@@ -109,24 +109,6 @@ def old_patching_maps(model, clean: torch.Tensor, corrupt: torch.Tensor, metric,
 
 # --- the comparison ------------------------------------------------------------------------------------------
 
-def timed(fn, repeats: int):
-    times, out = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
-
-
-def machine() -> str:
-    from lumen.runtime import cpu
-
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"{cpu.name()} ({' '.join(cpu.kernel_flags())}), {os.cpu_count()} CPUs, "
-            f"{torch.get_num_threads()} torch threads, load average {load}, "
-            f"torch {torch.__version__}")
-
-
 def corr(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.corrcoef(torch.stack([a.flatten().double(), b.flatten().double()]))[0, 1])
 
@@ -165,10 +147,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from lumen.formats import load
+    from lumen.runtime import cpu
 
     loaded = load("smollm2")
     model, tok = loaded.model.eval(), loaded.tokenizer
-    print(f"machine: {machine()}")
+    print(f"machine: {cpu.machine(load=True, versions=True)}")
     for name in args.pairs.split(","):
         bench_pair(model, tok, name, args.repeats)
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

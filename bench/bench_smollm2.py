@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import statistics
 import time
 
 import torch
 
 from lumen import fast
+from lumen.runtime import cpu
 from results import Record  # bench/results.py: the table docs/speed.md renders
 from rss import reset_peak, status_kib  # bench/rss.py (the script's own folder is on sys.path)
 
@@ -161,7 +161,7 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
+    print(cpu.machine(versions=True))
     with Record("smollm2") as rec:
         rec.update(prefill=args.prefill, decode=args.decode, repeats=args.repeats, threads=torch.get_num_threads())
         rec["dtypes"] = results = {name: bench(getattr(torch, name), args.prefill, args.decode, args.repeats)

@@ -2,7 +2,7 @@
 without a CUDA device). Each check prints one line, PASS or FAIL with its numbers; the exit code is the number
 of failures.
 
-    .venv/bin/python bench/gpu_check.py [--device cuda:0] [--only parity,train,fsdp,decode,inspect,blocks]
+    .venv/bin/python bench/gpu_check.py [--device cuda:0] [--only parity,train,fsdp,decode,inspect,quantized]
     .venv/bin/python bench/gpu_check.py --device cpu     # a rehearsal of the same code on the CPU, small shapes
 
   parity   every Hugging Face family (GPT-2, Llama, Qwen2, Mistral, Gemma, GPT-NeoX) on random weights: lumen's
@@ -16,7 +16,7 @@ of failures.
   decode   a SmolLM2-shaped model (random weights) read from a run directory by lumen.formats.load onto the
            device in bf16: eager and compiled greedy decoding agree (or part at a near tie), tokens/s of each
   inspect  the logit lens and direct logit attribution on the device against the CPU's, float32
-  blocks   a GGUF's Q8_0/Q4_1 blocks (lumen.fast.load_quantized) on the device: which product runs, and its numbers
+  quantized a GGUF's Q8_0/Q4_1 matrices (lumen.fast.load_quantized) on the device: which product runs, and its numbers
            against the CPU's and against the dequantized float model
 """
 
@@ -35,8 +35,11 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-CHECKS = ("parity", "train", "fsdp", "decode", "inspect", "blocks")
+from common import REPO, tests_helpers  # bench/common.py (the script's own folder is on sys.path)
+
+tests_helpers()  # tests/helpers as `helpers`: the families and the GGUF writer the tests build
+CHECKS = ("parity", "train", "fsdp", "decode", "inspect", "quantized")
+OLD_NAMES = {"blocks": "quantized"}  # what a check was called before (GGUF's quantized matrices were "blocks")
 
 # dense bf16 tensor-core peaks from NVIDIA's data sheets (TFLOP/s, without sparsity), by device name
 # (torch's names: "NVIDIA H100 80GB HBM3" is the SXM part; NVL parts, clocked lower, are left out)
@@ -64,28 +67,17 @@ def big(device: torch.device) -> bool:
 
 # --- parity -------------------------------------------------------------------------------------------
 def hf_models() -> dict:
-    """A small random transformers model of every family lumen reads (GQA where the family has it)."""
+    """A small random transformers model of every family lumen reads: the tests' builders (tests/helpers/
+    families.py, one shape per family, GQA where the family has it) and GPT-2."""
     import transformers as tf
 
-    V = 97
-    return {
-        "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=48)),
-        "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(
-            vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=48)),
-        "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(
-            vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=48)),
-        "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(
-            vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=48, sliding_window=5)),
-        "gemma": lambda: tf.GemmaForCausalLM(tf.GemmaConfig(
-            vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=1, head_dim=32, max_position_embeddings=48)),
-        "gpt_neox": lambda: tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(
-            vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            max_position_embeddings=48, rotary_pct=0.25, hidden_act="gelu")),
-    }
+    from helpers.families import SHAPES, V
+
+    first: dict = {}
+    for name, build in SHAPES.items():
+        first.setdefault(name.split("-")[0], build)
+    return {"gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4,
+                                                             n_positions=48))} | first
 
 
 @torch.no_grad()
@@ -129,7 +121,6 @@ def datasheet_peak(device: torch.device) -> tuple[str, float | None]:
 
 
 def check_train(device: torch.device) -> None:
-    sys.path.insert(0, str(REPO / "bench"))
     from bench_train import contender  # lumen's step as its training loop takes it (bench/bench_train.py)
     from lumen.train.speed import matmul_peak, training_flops_per_token
 
@@ -261,92 +252,42 @@ def check_inspect(device: torch.device) -> None:
                                           f"against the logit {sums:.1e}")
 
 
-# --- GGUF blocks ------------------------------------------------------------------------------------------
-def write_gguf(path: Path, model) -> None:
-    """model (a Llama-family lumen GPT) as a GGUF file with Q8_0 attention and Q4_1 MLP matrices, the way
-    llama.cpp's converter writes them (W_Q/W_K rows interleaved per head) and a byte-level vocabulary."""
-    import numpy as np
-    from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFWriter, quants
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    cfg = model.cfg
-    w = GGUFWriter(str(path), "llama")
-    w.add_block_count(cfg.n_layers)
-    w.add_context_length(cfg.context)
-    w.add_embedding_length(cfg.d_model)
-    w.add_feed_forward_length(cfg.hidden)
-    w.add_head_count(cfg.n_heads)
-    w.add_head_count_kv(cfg.kv_heads)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_rope_dimension_count(cfg.head_dim)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    tokens = sorted(ByteLevel.alphabet())
-    w.add_token_list(tokens + [f"<extra{i}>" for i in range(cfg.vocab_size - len(tokens))])
-    w.add_token_merges([])
-    sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
-
-    def interleave(t: np.ndarray, heads: int) -> np.ndarray:
-        out, d_in = t.shape
-        return t.reshape(heads, 2, out // heads // 2, d_in).swapaxes(1, 2).reshape(out, d_in)
-
-    tensors = {"token_embd.weight": (sd["tok_emb.weight"], Q.Q8_0), "output_norm.weight": (sd["ln_f.g"], Q.F32)}
-    names = {"ln1.g": ("attn_norm.weight", Q.F32), "attn.q.weight": ("attn_q.weight", Q.Q8_0),
-             "attn.k.weight": ("attn_k.weight", Q.Q8_0), "attn.v.weight": ("attn_v.weight", Q.Q8_0),
-             "attn.out.weight": ("attn_output.weight", Q.Q8_0), "ln2.g": ("ffn_norm.weight", Q.F32),
-             "mlp.w_gate.weight": ("ffn_gate.weight", Q.Q4_1), "mlp.w_up.weight": ("ffn_up.weight", Q.Q4_1),
-             "mlp.w_down.weight": ("ffn_down.weight", Q.Q4_1)}
-    for i in range(cfg.n_layers):
-        for ours, (theirs, kind) in names.items():
-            t = sd[f"blocks.{i}.{ours}"]
-            if ours in ("attn.q.weight", "attn.k.weight"):
-                t = interleave(t, cfg.n_heads if ours == "attn.q.weight" else cfg.kv_heads)
-            tensors[f"blk.{i}.{theirs}"] = (t, kind)
-    for name, (t, kind) in tensors.items():
-        t = np.ascontiguousarray(t)
-        if kind == Q.F32:
-            w.add_tensor(name, t)
-        else:
-            w.add_tensor(name, quants.quantize(t, kind), raw_dtype=kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
+# --- GGUF's quantized matrices ------------------------------------------------------------------------------
 @torch.no_grad()
-def check_blocks(device: torch.device) -> None:
-    from lumen import GPT, fast
+def check_quantized(device: torch.device) -> None:
+    from gguf import GGMLQuantizationType as Q
+
+    from helpers.gguf import tiny_model, write_gguf  # the tests' tiny Llama and GGUF writer (llama.cpp's layout)
+    from lumen import fast
     from lumen.fast import kernels
     from lumen.formats import load
 
-    torch.manual_seed(0)
-    model = GPT.from_preset("baby-llama", n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256,
-                            vocab_size=320, context=64)
+    model = tiny_model()
+    # Q8_0 attention and embedding, Q4_1 MLP: the two kinds SmolLM2's file holds
+    types = {"token_embd.weight": Q.Q8_0} | {
+        f"blk.{i}.{m}.weight": Q.Q8_0 if m.startswith("attn") else Q.Q4_1 for i in range(model.cfg.n_layers)
+        for m in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "tiny.gguf")
-        write_gguf(path, model)
+        write_gguf(path, model, types)
         here = str(device)
-        blocks = {where: fast.load_quantized(str(path), device=where).model for where in ("cpu", here)}
+        models = {where: fast.load_quantized(str(path), device=where).model for where in ("cpu", here)}
         dense = load(str(path), device=device).model  # the dequantized float32 model
-    ids = torch.randint(0, 320, (1, 20), generator=torch.Generator().manual_seed(3))
-    assert model.cfg.tie_embeddings  # the file's embedding blocks are its unembedding too
-    many = (blocks[here](ids.to(device))[0] - dense(ids.to(device))[0]).abs().max().item()  # a prompt's rows
-    one_row = {where: m(ids[:, :1].to(where))[0].float().cpu() for where, m in blocks.items()}  # a decoded token
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 20), generator=torch.Generator().manual_seed(3))
+    assert model.cfg.tie_embeddings  # the file's quantized embedding is its unembedding too
+    many = (models[here](ids.to(device))[0] - dense(ids.to(device))[0]).abs().max().item()  # a prompt's rows
+    one_row = {where: m(ids[:, :1].to(where))[0].float().cpu() for where, m in models.items()}  # a decoded token
     row = (one_row[here] - one_row["cpu"]).abs().max().item()
-    on_device = blocks[here].lm_head.matrix.quads.device  # type: ignore[union-attr]
+    on_device = models[here].lm_head.matrix.quads.device  # type: ignore[union-attr]
     kernel = "quant.cpp's kernel" if kernels.load() else "torch's formula (the kernel did not build here)"
     t0 = time.perf_counter()
-    fast.generate(blocks[here], ids.to(device), 16, temperature=0)
+    fast.generate(models[here], ids.to(device), 16, temperature=0)
     sync(device)
     tok_s = 16 / (time.perf_counter() - t0)
     path_text = ("torch's formula, QuantMatrix.rounded_row_product: quant.cpp's kernel is CPU-only "
                  "(QuantMatrix.row_product takes it only for a row on the CPU)") if device.type != "cpu" else kernel
-    report("blocks gguf", on_device.type == device.type and many < 1e-3 and row < 1e-3,
-           f"weights='gguf' on {device} keeps the blocks there ({on_device}); a decoded token's product runs "
+    report("quantized gguf", on_device.type == device.type and many < 1e-3 and row < 1e-3,
+           f"weights='gguf' on {device} keeps the matrices there ({on_device}); a decoded token's product runs "
            f"{path_text}: {row:.1e} from the CPU's ({kernel}); a prompt (dequantized slabs) {many:.1e} from the "
            f"float model; eager greedy decoding {tok_s:.0f} tokens/s")
 
@@ -367,7 +308,7 @@ def main() -> int:
     print(f"gpu_check: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu (a rehearsal)'}, "
           f"torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     t0 = time.perf_counter()
-    for name in args.only.split(","):
+    for name in (OLD_NAMES.get(n, n) for n in args.only.split(",")):
         if name not in CHECKS:
             print(f"gpu_check: unknown check {name!r}; choose from {', '.join(CHECKS)}")
             return 2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lumen on a CUDA GPU in one command of a few minutes: Hugging Face parity of every family in float32 and bf16,
 # a compiled bf16 training step and its MFU, lumen train and FSDP under torchrun (NCCL), compiled decoding, the
-# lens and attribution, and the GGUF-block path (bench/gpu_check.py says what each check does).
+# lens and attribution, and the path of GGUF's quantized matrices (bench/gpu_check.py says what each check does).
 #
 #   bench/gpu_check.sh                 # on a machine with a CUDA GPU and a CUDA build of torch
 #   bench/gpu_check.sh --only parity   # some of the checks

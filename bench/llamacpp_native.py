@@ -3,9 +3,9 @@ vendor/llama.cpp), built with cmake and -DGGML_NATIVE=ON (every instruction this
 
     .venv/bin/python bench/llamacpp_native.py          # build it (once; a few minutes on 2 cores) and say where
 
-Cached outside the repository, under ~/.cache/lumen-bench/ (or $LUMEN_BENCH_CACHE), keyed by the sdist's
-version and this CPU's flags: a contender only, never a dependency of lumen. `llama_bench()` returns None
-where it cannot be had (no compiler, no cmake, no network for pip): bench_llamacpp.py then falls back to
+Cached outside the repository, in lumen's cache folder (lumen.runtime.cache) under bench/ (~/.cache/lumen/bench),
+keyed by the sdist's version and this CPU's flags: a contender only, never a dependency of lumen. `llama_bench()`
+returns None where it cannot be had (no compiler, no cmake, no network for pip): bench_llamacpp.py then falls back to
 npm's node-llama-cpp (prebuilt binaries).
 """
 
@@ -23,7 +23,9 @@ VERSION = "0.3.36"  # llama-cpp-python's sdist, and so the llama.cpp source it v
 
 
 def cache() -> Path:
-    return Path(os.environ.get("LUMEN_BENCH_CACHE", Path.home() / ".cache" / "lumen-bench"))
+    from lumen.runtime.cache import cache_dir
+
+    return cache_dir("bench")
 
 
 def cpu_flags() -> str:

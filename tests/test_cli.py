@@ -217,11 +217,11 @@ def test_one_naming_scheme_for_layers_across_lens_heads_and_deletion(files, caps
 # --- issue 13, item 9 ---------------------------------------------------------------------------------------
 
 def test_lens_table_shows_a_space_token_as_the_figures_do(files, capsys):
-    from lumen.report.figures import visible
+    from lumen.tokenizers.shown import shown
 
     assert main(["lens", str(files / "run"), "--prompt", "It is"]) == 0
     header = capsys.readouterr().out.splitlines()[1].split()
-    assert header[1:6] == ["I", "t", visible(" "), "i", "s"] and visible(" ") == "\u2423"
+    assert header[1:6] == ["I", "t", shown(" "), "i", "s"] and shown(" ") == "\u2423"
 
 
 @pytest.mark.slow

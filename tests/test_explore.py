@@ -19,9 +19,9 @@ from lumen.errors import UserError
 from lumen.inspect import TunedLens, logit_lens, run_with_cache
 from lumen.inspect.attribution import attribute
 from lumen.report.explore import explore_data, explore_page
-from lumen.report.figures import visible
 from lumen.report.html import colour
 from lumen.report.serve import make_server
+from lumen.tokenizers.shown import shown
 
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n"
 PROMPT = "To be, or not to"
@@ -109,8 +109,8 @@ def test_hover_a_lens_cell_shows_its_top_tokens(subject, page, browser):
         cell = css(browser, f'#lens td.cell[data-layer="{layer}"][data-t="{t}"]')[0]
         ActionChains(browser).move_to_element(cell).perform()
         assert css(browser, "#tip")[0].is_displayed()
-        shown = [e.get_attribute("textContent") for e in css(browser, "#tip .tip-token")]
-        assert shown == [visible(tok.decode([int(i)])) for i in r.top_ids[layer, t]]
+        tips = [e.get_attribute("textContent") for e in css(browser, "#tip .tip-token")]
+        assert tips == [shown(tok.decode([int(i)])) for i in r.top_ids[layer, t]]
         probs = [float(e.get_attribute("textContent")) for e in css(browser, "#tip .tip-prob")]
         assert probs == pytest.approx(r.top_probs[layer, t].tolist(), abs=6e-4)
 
@@ -192,8 +192,8 @@ def test_the_tuned_lens_toggle_switches_the_grid(subject, browser, tmp_path):
     for name in ("tuned lens", "logit lens"):
         css(browser, f'#lens-switch button[data-lens="{name}"]')[0].click()
         ActionChains(browser).move_to_element(css(browser, '#lens td.cell[data-layer="1"][data-t="4"]')[0]).perform()
-        shown = [e.get_attribute("textContent") for e in css(browser, "#tip .tip-token")]
-        assert shown == [visible(tok.decode([int(i)])) for i in want[name]], name
+        tips = [e.get_attribute("textContent") for e in css(browser, "#tip .tip-token")]
+        assert tips == [shown(tok.decode([int(i)])) for i in want[name]], name
 
 
 def test_serve_answers_prompts_through_the_page_and_survives_bad_ones(subject, browser):
@@ -229,7 +229,7 @@ def test_serve_answers_prompts_through_the_page_and_survives_bad_ones(subject, b
                 continue
             assert not css(browser, "#error") and css(browser, "#prompt-text")[0].text == prompt
             cols = [e.get_attribute("textContent") for e in css(browser, "#lens th.col")]
-            assert cols == [visible(tok.decode([i])) for i in tok.encode(prompt)]
+            assert cols == [shown(tok.decode([i])) for i in tok.encode(prompt)]
             assert bool(css(browser, "#patch-resid_pre")) == bool(corrupt)
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(server.url + "nothing-here", timeout=10)

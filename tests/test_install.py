@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lumen.fetch import cache_dir
+from lumen.runtime.cache import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCH = "torch==2.13.0"  # the Makefile's pin

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1] / "code" / "lumen"
 # the reading house (the chapter's model and what a GPT needs to exist, decode, be named, counted and fail
 # clearly) and the utilities every room shares: errors, atomic files, the progress bar
 CORE = {"config", "block", "attention", "model", "decode", "names", "accounting", "errors", "files", "progress"}
-# the machine lumen runs on (the CPU's flags, the thread count, the heap's settings, torch.compile's options):
-# below the speed wing and the training loop, and the reading house never imports it
+# the machine lumen runs on (the CPU's flags, the thread count, the heap's settings, torch.compile's options, the
+# cache folder): below the speed wing and the training loop, and the reading house never imports it
 RUNTIME = "runtime"
 # the speed wing: nothing but the command line imports it (bench/ does too, from outside the package)
 WING = "fast"
@@ -22,11 +22,11 @@ WING = "fast"
 ALLOWED = {
     RUNTIME: set(),
     "tokenizers": set(),
-    "fetch": set(),
+    "fetch": {RUNTIME},   # the cache folder
     "evaluate": set(),
     "prompts": {"tokenizers"},
     "formats": {"tokenizers", "fetch"},
-    "data": {"tokenizers", "fetch", "formats"},
+    "data": {"tokenizers", "fetch", "formats", RUNTIME},   # the cache folder
     WING: {"tokenizers", "fetch", "formats", RUNTIME},
     "report": {"inspect", "tokenizers"},
     "train": {"tokenizers", "data", "formats", RUNTIME},

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from .errors import CorpusError, LumenError, MissingFileError
-from .fetch import cache_dir, fetch, sha256_of
+from .fetch import fetch, sha256_of
 from .files import atomic_dir, read_json
 from .formats import read_tokenizer
+from .runtime.cache import cache_dir
 from .tokenizers import FILENAME as TOKENIZER_FILE
 from .tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, train_bpe
 
@@ -256,7 +257,7 @@ def prepare(
     settings: dict[str, object] = dict(tokenizer=tok_id, vocab_size=vocab_size if tokenizer == "bpe" else None,
                     validation=list(validation or []), val_fraction=val_fraction, version=FORMAT_VERSION)
     h.update(json.dumps(settings, sort_keys=True).encode())
-    folder = Path(cache or cache_dir() / "data") / h.hexdigest()[:16]
+    folder = Path(cache or cache_dir("data")) / h.hexdigest()[:16]
     if folder.exists():
         try:
             return TokenData(folder)

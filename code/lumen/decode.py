@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -186,8 +187,6 @@ def generate(
 def __getattr__(name: str) -> object:
     """The old name of `tokens`, for one release ("stream" is the residual stream)."""
     if name == "stream":
-        import warnings
-
         warnings.warn("lumen.decode.stream is now lumen.decode.tokens", DeprecationWarning, stacklevel=2)
         return tokens
     raise AttributeError(f"module 'lumen.decode' has no attribute {name!r}")

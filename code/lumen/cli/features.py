@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..tokenizers.shown import quoted
 from .models import (
     add_model_argument,
     add_quiet_argument,
@@ -73,6 +74,6 @@ def run(args: argparse.Namespace) -> int:
     for c in found:
         print(f"  {c.activation:7.2f}  {c.marked()}")
     if up:
-        print("  promotes:   " + "  ".join(repr(t) for t, _ in up))
-        print("  suppresses: " + "  ".join(repr(t) for t, _ in down))
+        print("  promotes:   " + "  ".join(quoted(t) for t, _ in up))
+        print("  suppresses: " + "  ".join(quoted(t) for t, _ in down))
     return 0

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 from .. import names
+from ..tokenizers.shown import quoted, shown
 from .models import add_model_argument, add_out_argument, at_least, input_file, load_with_tokenizer, output_dir
-from .prompts import add_prompts_arguments
+from .prompts import add_prompts_arguments, check_prompts_file
 
 TABLE_POSITIONS = 6
 TRAIN_ONE = "train one with `lumen tuned-lens train MODEL`"
@@ -51,15 +52,13 @@ def run(args: argparse.Namespace) -> int:
     from ..inspect.lens import Lens, LogitLens, logit_lens
     from ..inspect.tuned_lens import TunedLens
     from ..prompts import read_prompts, with_answers
-    from ..report.figures import visible
     from . import UserError
 
     at_least(args, "top_tokens")
     if args.wrong is not None and args.answer is None:
         raise UserError("--wrong needs --answer: the lens reads logit[answer] - logit[wrong]")
     out = output_dir(args.out) if args.out else None
-    if args.prompts:
-        input_file(args.prompts, "--prompts", "prompt file")   # the files given, before the model loads
+    check_prompts_file(args)
     if args.tuned:
         input_file(lens_file(args.tuned), "--tuned", "tuned lens", TRAIN_ONE)
     model, tok = load_with_tokenizer(args.model)
@@ -99,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     print_table(result, main_name, reading[:, -1] if reading is not None else None,
                 reading_name(tok, answer, wrong) if answer is not None else "")
     first = result.first_top1_layer()
-    word = visible(result.vocab_of(int(result.top_ids[-1, -1, 0])))
-    print(f"the final top-1 {word!r} first becomes top-1 after {names.stream(first)} "
+    word = result.vocab_of(int(result.top_ids[-1, -1, 0]))
+    print(f"the final top-1 {quoted(word)} first becomes top-1 after {names.stream(first)} "
           f"(of {result.n_layers} blocks; {main_name})")
     if args.out:
         print(f"wrote {args.out}/lens.png, kl.png, lens.html, lens.json")
@@ -122,7 +121,7 @@ def print_prompts(args: argparse.Namespace, found, out: Path | None = None) -> i
     print(f"{'line':>6}  {'final top-1':<16}{'prob':>6}  {'first top-1 after':<18}"
           + (f"  {what} after the last block" if what else ""))
     for i, (p, r) in enumerate(zip(found.prompts, found.results)):
-        word = _clip(r.vocab_of(int(r.top_ids[-1, -1, 0])), 14)
+        word = shown(r.vocab_of(int(r.top_ids[-1, -1, 0])), 14)
         tail = f"  {float(found.values[i][-1]):+.4f}" if found.values is not None else ""
         print(f"{p.line:>6}  {word:<16}{float(r.top_probs[-1, -1, 0]):>6.2f}  "
               f"{names.stream(r.first_top1_layer()):<18}{tail}")
@@ -165,23 +164,15 @@ def print_table(result, name: str, reading: torch.Tensor | None = None, what: st
     width = 16
     print(f"{name}: top-1 next token (probability) read after the embedding and after each block; "
           "KL to the final output at the last position" + (f"; {what} there" if reading is not None else ""))
-    print(f"{'after':>9}  " + "".join(f"{_clip(result.tokens[t], width):<{width}}" for t in cols) + "KL(last)"
+    print(f"{'after':>9}  " + "".join(f"{shown(result.tokens[t], width):<{width}}" for t in cols) + "KL(last)"
           + (f"  {what}" if reading is not None else ""))
     for layer in range(result.n_layers, -1, -1):
         cells = []
         for t in cols:
-            word = _clip(result.vocab_of(int(result.top_ids[layer, t, 0])), width - 8)
+            word = shown(result.vocab_of(int(result.top_ids[layer, t, 0])), width - 8)
             cells.append(f"{word} {float(result.top_probs[layer, t, 0]):.2f}".ljust(width))
         tail = f"  {float(reading[layer]):+.4f}" if reading is not None else ""
         print(f"{names.stream(layer):>9}  " + "".join(cells) + f"{float(result.kl[layer, -1]):.3f}{tail}")
-
-
-def _clip(text: str, n: int) -> str:
-    """A token as the figures and the HTML page show it (a token of spaces as ␣), cut to n characters."""
-    from ..report.figures import visible
-
-    text = visible(text)
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def write_outputs(out: Path, results: dict, main_name: str) -> None:

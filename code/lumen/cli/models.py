@@ -33,12 +33,16 @@ def path_text(text: str) -> str:
     return text
 
 
-def rate(text: str) -> float:
-    """An argparse type: a learning rate, a finite number above 0."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
+def rate(text: str) -> float:
+    """An argparse type: a learning rate, a finite number above 0."""
+    value = _number(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return value
@@ -46,10 +50,7 @@ def rate(text: str) -> float:
 
 def finite(text: str) -> float:
     """An argparse type: a finite number."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    value = _number(text)
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return value

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..tokenizers.shown import quoted
 from .models import (
     add_model_argument,
     add_quiet_argument,
@@ -57,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{model.cfg.name} block {args.block} MLP, {windows.numel()} tokens of {args.corpus}")
     for r in reports:
         print(f"\nunit {r.unit}: max activation {r.top_activation:.2f}; {r.trigger_share:.0%} of top contexts fire on "
-              f"{r.common_trigger!r}; next token promoted in {r.agreement:.0%}")
+              f"{quoted(r.common_trigger)}; next token promoted in {r.agreement:.0%}")
         for c in r.contexts:
             print(f"  {c.activation:7.2f}  {c.marked()}")
-        print("  promotes:  " + "  ".join(repr(t) for t, _ in r.promoted))
-        print("  suppresses: " + "  ".join(repr(t) for t, _ in r.suppressed))
+        print("  promotes:  " + "  ".join(quoted(t) for t, _ in r.promoted))
+        print("  suppresses: " + "  ".join(quoted(t) for t, _ in r.suppressed))
     return 0

@@ -17,9 +17,10 @@ import json
 import math
 from pathlib import Path
 
+from ..tokenizers.shown import quoted, shown
 from . import UserError
-from .models import add_model_argument, add_out_argument, input_file, load_with_tokenizer, output_dir
-from .prompts import add_prompts_arguments, refuse_with_prompts
+from .models import add_model_argument, add_out_argument, load_with_tokenizer, output_dir
+from .prompts import add_prompts_arguments, check_prompts_file, refuse_with_prompts
 
 METRICS = ("logit-diff", "logprob")   # (lumen.inspect.datasets.METRICS: the parser is built before it is imported)
 KINDS = ("resid_pre", "attn_out", "mlp_out", "head")
@@ -58,7 +59,7 @@ def answers(model, tok, clean: list[int], corrupt: list[int], answer: str | None
         a = tok.single_token(answer, "--answer") if answer else int(model(torch.tensor([clean]))[0][0, -1].argmax())
         b = tok.single_token(wrong, "--wrong") if wrong else int(model(torch.tensor([corrupt]))[0][0, -1].argmax())
     if a == b:
-        raise UserError(f"the answer and the wrong token are both {tok.decode([a])!r}: give --answer and --wrong")
+        raise UserError(f"the answer and the wrong token are both {quoted(tok.decode([a]))}: give --answer and --wrong")
     return a, b
 
 
@@ -73,15 +74,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give --clean and --corrupt (a pair of prompts), or --prompts FILE (a dataset of pairs)")
     if args.out is not None:
         output_dir(args.out)
-    if args.prompts:
-        input_file(args.prompts, "--prompts", "prompt file")   # before the model loads
+    check_prompts_file(args)
     model, tok = load_with_tokenizer(args.model)
     if args.prompts:
         return run_prompts(args, model.eval(), tok)
     clean, corrupt = tok.encode(args.clean), tok.encode(args.corrupt)
     if not clean or len(clean) != len(corrupt):
         raise UserError(f"--clean and --corrupt must be non-empty and the same number of tokens: "
-                        f"{[tok.decode([i]) for i in clean]} vs {[tok.decode([i]) for i in corrupt]}")
+                        f"{tok.str_tokens(clean)} vs {tok.str_tokens(corrupt)}")
     a, b = answers(model.eval(), tok, clean, corrupt, args.answer, args.wrong)
     metric = logit_diff(a, b) if args.metric == "logit-diff" else logprob(a)
     name = metric_name(tok, args.metric, a, b)
@@ -151,7 +151,7 @@ def print_maps(maps: dict, columns: list[str], label: str = "") -> None:
     for kind, m in maps.items():
         cols = [f"h{h}" for h in range(m.size(1))] if kind == "head" else columns[-m.size(-1):]
         print(f"\n{kind}{label}:")
-        print(f"{'block':>6} " + "".join(f"{_clip(c):>9}" for c in cols))
+        print(f"{'block':>6} " + "".join(f"{shown(c, 8):>9}" for c in cols))
         for i in range(m.size(0)):
             print(f"{i:>6} " + "".join(f"{float(v):>9.2f}" for v in m[i]))
 
@@ -196,7 +196,7 @@ def run_prompts(args: argparse.Namespace, model, tok) -> int:
             for kind, m in r.maps.items():
                 at = int(m.flatten().argmax())
                 cell = (f"block {at // m.size(1)} head {at % m.size(1)}" if kind == "head" else
-                        f"block {at // m.size(1)} at {_clip(r.clean_tokens[at % m.size(1)])!r}")
+                        f"block {at // m.size(1)} at {quoted(r.clean_tokens[at % m.size(1)])}")
                 best.append(f"{kind} {cell} {float(m.flatten()[at]):.2f}")
             tag = f" ({LABELS[method]})" if len(sets) > 1 else ""
             print(f"line {p.line:>4}{tag}: {r.metric_name}: clean {r.clean_metric:.4f}, corrupt "
@@ -220,6 +220,3 @@ def _r(r: float | None) -> str:
     return "undefined (a constant map)" if r is None else f"{r:.3f}"
 
 
-def _clip(text: str, n: int = 8) -> str:
-    text = repr(text)[1:-1]
-    return text if len(text) <= n else text[: n - 1] + "…"

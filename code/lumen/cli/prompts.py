@@ -7,7 +7,7 @@ import argparse
 
 from ..errors import UserError
 from ..prompts import BATCH_SIZE
-from .models import path_text
+from .models import input_file, path_text
 
 PROMPTS_HELP = ("a file of prompts: one per line, or JSON lines {\"prompt\": ..., \"answer\": \" Mary\", "
                 "\"wrong\": \" John\"} (answer and wrong optional); each prompt is reported, then the average")
@@ -23,6 +23,12 @@ def add_prompts_arguments(p: argparse.ArgumentParser, group: argparse._MutuallyE
     p.add_argument("--batch-size", dest="batch_size", type=int, default=BATCH_SIZE, metavar="N",
                    help="with --prompts: prompts run side by side in one padded batch (memory grows with it)"
                    + ("; each pair's patched copies then run in batches of their own" if pairs else ""))
+
+
+def check_prompts_file(args: argparse.Namespace) -> None:
+    """--prompts FILE checked before the model loads: a wrong path is named at once, not after the load."""
+    if args.prompts:
+        input_file(args.prompts, "--prompts", "prompt file")
 
 
 def refuse_with_prompts(option: str, given: bool) -> None:

@@ -64,7 +64,7 @@ def tables(n: dict, s: Size) -> list[Table]:
         for k in KINDS:
             top = summ[k]["top"][0]
             rows.append([name, k, f"{len(summ[k]['heads_above'])} of {L * H}", depth_of(sc[k]),
-                         f"layer {top[0]} head {top[1]} ({top[2]:.2f})"])
+                         f"block {top[0]} head {top[1]} ({top[2]:.2f})"])
     return [Table(f"Heads scoring above {THRESHOLD} (mean attention on the key of that kind), and where they sit "
                   "(0 = first block, 1 = last)", ["model", "score", "heads above", "their mean depth", "best head"],
                   rows)]

@@ -68,9 +68,9 @@ def draw(n: dict, s: Size):
     """The loss increase for each deleted block, both models."""
     big, small = n["smollm2"], n["trained"]
     fig, (ax1, ax2) = figure(2, 5.5, 4)
-    ax1.bar(range(1, len(big["deltas"]) + 1), big["deltas"])
+    ax1.bar(range(len(big["deltas"])), big["deltas"])
     ax1.set(xlabel="deleted block", ylabel="loss increase (nats)", yscale="symlog", title="SmolLM2-135M")
-    ax2.bar(range(1, len(small["deltas"]) + 1), small["deltas"])
+    ax2.bar(range(len(small["deltas"])), small["deltas"])
     ax2.set(xlabel="deleted block", ylabel="loss increase (nats)", title="trained lumen model (characters)")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)

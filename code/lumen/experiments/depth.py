@@ -13,8 +13,8 @@ from .result import Result, Table, figure
 from .stacks import build
 
 NAME = "depth"
-CLAIM = ("Stacking plain layers x = f(x) makes deep networks untrainable: the gradient reaching layer 1 is a product "
-         "of Jacobians and vanishes (or explodes), so a deeper plain stack trains worse; the residual add "
+CLAIM = ("Stacking plain layers x = f(x) makes deep networks untrainable: the gradient reaching the first block is a "
+         "product of Jacobians and vanishes (or explodes), so a deeper plain stack trains worse; the residual add "
          "(gradient I + df/dx) keeps a clean signal at any depth.")
 
 
@@ -70,7 +70,7 @@ def tables(n: dict, s: Size) -> list[Table]:
                                                                  for c in KIND_LABELS]
               for k in s["grad_depths"]]
     g_table = Table("Gradient norm of the first block's parameters at initialisation (one batch), and its ratio to "
-                    "the last block's", ["blocks"] + [f"layer 1: {v}" for v in KIND_LABELS.values()]
+                    "the last block's", ["blocks"] + [f"block 0: {v}" for v in KIND_LABELS.values()]
                     + [f"first/last: {v}" for v in KIND_LABELS.values()], g_rows)
     t_rows = [[k, runs["residual"][str(k)]["final_loss"], runs["plain"][str(k)]["final_loss"],
                runs["residual"][str(k)]["val"], runs["plain"][str(k)]["val"]] for k in s["train_depths"]]
@@ -114,7 +114,7 @@ def draw(n: dict, s: Size):
     fig, (ax1, ax2, ax3) = figure(3, 4.8, 4)
     for k, label in KIND_LABELS.items():
         ax1.plot(s["grad_depths"], [grads[k][str(d)][0] for d in s["grad_depths"]], "o-", label=label)
-        ax2.plot(range(1, deepest + 1), grads[k][str(deepest)], label=label)
+        ax2.plot(range(deepest), grads[k][str(deepest)], label=label)
     for k in runs:
         ax3.plot(s["train_depths"], [runs[k][str(d)]["val"] for d in s["train_depths"]], "o-", label=KIND_LABELS[k])
     ax1.set(xlabel="blocks", ylabel="grad norm, first block", yscale="log", title="gradient at init")

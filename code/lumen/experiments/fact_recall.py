@@ -14,6 +14,7 @@ from .. import names
 from ..inspect.attribution import attribute, top_components
 from ..inspect.patching import logit_diff, patching_maps
 from ..tokenizers import single_token
+from ..tokenizers.shown import logit_name, quoted, shown
 from .result import Result, Table, figure
 from .subjects import smollm2
 
@@ -86,9 +87,9 @@ def tables(n: dict, s: Size) -> list[Table]:
     a = n["attribution"]
     rows = [[layers[r], *[round(float(v), 3) + 0.0 for v in resid[r]]] for r in range(len(layers))]   # no -0
     t_patch = Table("Patching the stream entering each block (resid_pre), one position at a time: the fraction of "
-                    f"logit[{ANSWER!r}] - logit[{WRONG!r}] restored in the Colosseum run",
-                    ["block", *[repr(x) for x in tokens]], rows)
-    t_attr = Table(f"Direct logit attribution of logit[{ANSWER!r}] - logit[{WRONG!r}] = {a['total']:.3f} at the last "
+                    f"{logit_name(ANSWER, WRONG)} restored in the Colosseum run",
+                    ["block", *[quoted(x) for x in tokens]], rows)
+    t_attr = Table(f"Direct logit attribution of {logit_name(ANSWER, WRONG)} = {a['total']:.3f} at the last "
                    f"position of {CLEAN!r}: the largest components (heads counted separately)",
                    ["component", "contribution"], [[c, round(v, 3)] for c, v in a["top"]])
     found = [t_attr, t_patch]
@@ -119,11 +120,11 @@ def verdict(n: dict, s: Size) -> str:
                      + (f"; {named} {'is' if len(both) == 1 else 'are'} also among the largest direct writers: "
                         "attention that moves the fact also writes the answer" if both else
                         "; none of them is among the largest direct writers") + ".")
-    parts = [f"SmolLM2 says {n['said_clean']!r} (p={n['p_answer_clean']:.2f}) after the Eiffel prompt and "
-             f"{n['said_corrupt']!r} (p={n['p_wrong_corrupt']:.2f}) after the Colosseum one."]
+    parts = [f"SmolLM2 says {quoted(n['said_clean'])} (p={n['p_answer_clean']:.2f}) after the Eiffel prompt and "
+             f"{quoted(n['said_corrupt'])} (p={n['p_wrong_corrupt']:.2f}) after the Colosseum one."]
     if moved is not None:
         parts.append(f"Patching the stream, the answer sits at the subject's positions "
-                     f"({', '.join(repr(tokens[t]) for t in subject)}; {tokens[best_subject]!r} alone "
+                     f"({', '.join(quoted(tokens[t]) for t in subject)}; {quoted(tokens[best_subject])} alone "
                      f"restores {first_row:.0%} at block {layers[0]}) until it moves to the last position at block "
                      f"{moved} of {L} (the last position alone then restores "
                      f"{float(resid[layers.index(moved), -1]):.0%}).")
@@ -139,7 +140,7 @@ def verdict(n: dict, s: Size) -> str:
     if "mlp_out" in m:
         mo = m["mlp_out"][:, subject]
         r, c = divmod(int(mo.argmax()), len(subject))
-        parts.append(f"At the subject, block {layers[r]}'s MLP output at {tokens[subject[c]]!r} restores "
+        parts.append(f"At the subject, block {layers[r]}'s MLP output at {quoted(tokens[subject[c]])} restores "
                      f"{float(mo[r, c]):.0%}"
                      + (": an early MLP writes what the subject is." if layers[r] < L // 3 else "."))
     parts.append(f"Direct logit attribution: the last third of the blocks ({late.start}-{L - 1}) write "
@@ -166,12 +167,12 @@ def draw(n: dict, s: Size):
     ax1.barh([i + 0.2 for i in range(L)], mlp, height=0.4, label="MLP", color="tab:green")
     ax1.axvline(0, color="black", linewidth=0.8)
     ax1.invert_yaxis()
-    ax1.set(xlabel=f"direct contribution to logit[{ANSWER!r}] - logit[{WRONG!r}]", ylabel="block",
+    ax1.set(xlabel=f"direct contribution to {logit_name(ANSWER, WRONG)}", ylabel="block",
             title="who writes the answer (last position)")
     ax1.legend(fontsize=8)
     ax1.grid(alpha=0.3, axis="x")
     im = ax2.imshow(maps(n)["resid_pre"].numpy(), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
-    ax2.set_xticks(range(T), [repr(t)[1:-1] for t in tokens], rotation=60, ha="right", fontsize=7)
+    ax2.set_xticks(range(T), [shown(t) for t in tokens], rotation=60, ha="right", fontsize=7)
     ax2.set_yticks(range(len(layers)), [str(i) for i in layers], fontsize=6)
     ax2.set(ylabel="block (stream entering it)", title="patching the stream: fraction restored")
     fig.colorbar(im, ax=ax2, fraction=0.04)

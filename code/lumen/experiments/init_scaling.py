@@ -8,6 +8,7 @@ from typing import TypedDict
 import torch
 
 from ..config import ModelConfig
+from ..inspect.stack import stream_variance
 from .fit import expect, shakespeare, train_lm
 from .result import Result, Table, figure
 from .stacks import build
@@ -37,16 +38,6 @@ SIZES = {
 
 
 @torch.no_grad()
-def stream_variance(model, idx: torch.Tensor) -> list[float]:
-    """The stream's variance (over batch, positions and dimensions) after the embedding and each block."""
-    x = model.embed(idx)
-    out = [x.var().item()]
-    for block in model.blocks:
-        x = block(x)
-        out.append(x.var().item())
-    return out
-
-
 def measure(size: Size, seed: int) -> dict:
     """The stream's variance after every block at init with and without the rule, and early training both ways."""
     s = size

@@ -42,6 +42,7 @@ from ..inspect.attribution_patching import correlation
 from ..inspect.patching import Patching, PatchingSet
 from ..model import GPT
 from ..tokenizers import Batch, Tokenizer, single_token
+from ..tokenizers.shown import quoted
 from .result import Result, Table, figure
 from .subjects import smollm2
 
@@ -526,9 +527,10 @@ def abc_verdict(n: dict) -> list[str]:
 def notes(n: dict) -> list[str]:
     p, path = n["patching"], n["path"]
     first = n["prompts"][0]
+    io, s = quoted(" " + first["io"]), quoted(" " + first["s"])
     return [f"Dataset: {len(n['prompts'])} prompts from {len(TEMPLATES)} templates and {len(NAMES)} single-token names "
-            f"(seeded draws, each pair of names in both orders), e.g. {first['clean']!r} -> {' ' + first['io']!r} over "
-            f"{' ' + first['s']!r}; corrupted: {first['corrupt']!r} (S2 -> IO) and {first['abc']!r} (all names "
+            f"(seeded draws, each pair of names in both orders), e.g. {first['clean']!r} -> {io} over "
+            f"{s}; corrupted: {first['corrupt']!r} (S2 -> IO) and {first['abc']!r} (all names "
             "replaced, by two names drawn apart from the pair). Named positions: IO, S1, S2 (the subject's two "
             "mentions), END (the last token).",
             f"Exact patching runs on the first {p['pairs']} prompts (for each corruption), path patching on the "

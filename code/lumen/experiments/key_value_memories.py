@@ -7,6 +7,7 @@ from typing import TypedDict
 
 from ..inspect import scan_layer
 from ..inspect.corpus import token_windows
+from ..tokenizers.shown import quoted
 from .result import Result, Table, figure
 from .subjects import smollm2
 
@@ -36,9 +37,9 @@ def measure(size: Size, seed: int) -> dict:
 
 
 def tables(n: dict, s: Size) -> list[Table]:
-    rows = [[r["layer"], r["unit"], repr(r["common_trigger"]), r["trigger_share"], r["top_activation"],
+    rows = [[r["layer"], r["unit"], quoted(r["common_trigger"]), r["trigger_share"], r["top_activation"],
              " / ".join(c["marked"][-60:] for c in r["contexts"][:2]),
-             " ".join(repr(t) for t, _ in r["promoted"][:5]), r["agreement"]] for r in n["neurons"]]
+             " ".join(quoted(t) for t, _ in r["promoted"][:5]), r["agreement"]] for r in n["neurons"]]
     return [Table(f"SmolLM2-135M neurons with the clearest triggers ({s['windows']} windows of {s['seq_len']} "
                   "tokens of Shakespeare); [[token]] marks where the unit fired",
                   ["layer", "unit", "commonest trigger", "share of top-10 on it", "top activation",
@@ -64,7 +65,7 @@ def draw(n: dict, s: Size):
     fig, axes = figure(len(reports[: 3]), 4.2, 3.2)
     for ax, r in zip(axes, reports):
         ax.barh([t for t, _ in r["promoted"][:8]][::-1], [v for _, v in r["promoted"][:8]][::-1])
-        ax.set(title=f"L{r['layer']} unit {r['unit']}: fires on {r['common_trigger']!r}", xlabel="logit change")
+        ax.set(title=f"L{r['layer']} unit {r['unit']}: fires on {quoted(r['common_trigger'])}", xlabel="logit change")
     return fig
 
 

@@ -11,6 +11,7 @@ import torch
 
 from ..inspect import logit_lens
 from ..inspect.corpus import token_windows
+from ..tokenizers.shown import quoted
 from .result import Result, Table, figure
 from .subjects import describe_trained, smollm2, trained_char_model
 
@@ -86,8 +87,8 @@ def measure(size: Size, seed: int, quick: bool = False) -> dict:
         per_layer_copy += (top1 == ids[-1]).float()
         said = tok.decode([answer])
         middle.append(r.top_tokens(n // 2)[-1])
-        rows.append([prompt, repr(said), "yes" if said == expected else f"no ({expected!r})", f, st,
-                     repr(middle[-1]), repr(r.top_tokens(1)[-1])])
+        rows.append([prompt, quoted(said), "yes" if said == expected else f"no ({quoted(expected)})", f, st,
+                     quoted(middle[-1]), quoted(r.top_tokens(1)[-1])])
     per_layer_answer /= len(prompts)
     per_layer_copy /= len(prompts)
 

@@ -49,7 +49,7 @@ class Table:
 class Result:
     """An experiment's outcome: the claim it tests, its tables, what the numbers say (`verdict`), every
     number for JSON, and matplotlib figures by file stem. `seconds` is wall time (not part of the numbers,
-    which are deterministic for a seed)."""
+    which are deterministic for a seed), `machine` the line naming where it ran (lumen.runtime.cpu.machine)."""
 
     name: str
     claim: str
@@ -61,6 +61,7 @@ class Result:
     quick: bool = False
     seed: int = 0
     seconds: float = 0.0
+    machine: str = ""
 
     def markdown(self, figure_dir: str | None = None) -> str:
         """The result as a markdown section; figures are linked from figure_dir (relative) if given."""
@@ -76,14 +77,15 @@ class Result:
         if figure_dir is not None:
             out += [f"![{self.name}: {stem}]({figure_dir}/{stem}.png)" for stem in self.figures]
             out.append("")
-        out.append(f"<sub>{size}, seed {self.seed}, {self.seconds:.0f} s</sub>")
+        on = f" on {self.machine}" if self.machine else ""
+        out.append(f"<sub>{size}, seed {self.seed}, {self.seconds:.0f} s{on}</sub>")
         return "\n".join(out) + "\n"
 
     def to_json(self) -> dict:
         return {"name": self.name, "claim": self.claim, "quick": self.quick, "seed": self.seed,
                 "verdict": self.verdict, "numbers": self.numbers, "notes": self.notes,
                 "tables": [{"title": t.title, "columns": t.columns, "rows": t.rows} for t in self.tables],
-                "figures": list(self.figures), "seconds": round(self.seconds, 2)}
+                "figures": list(self.figures), "seconds": round(self.seconds, 2), "machine": self.machine}
 
     @classmethod
     def load(cls, folder: str | Path) -> Result:
@@ -94,7 +96,7 @@ class Result:
         d = read_json(path, "experiment result", UserError, f"write it again with `lumen experiment` --out {folder}")
         return cls(d["name"], d["claim"], [Table(t["title"], t["columns"], t["rows"]) for t in d["tables"]],
                    d["verdict"], d["numbers"], dict.fromkeys(d.get("figures", [])), d["notes"], d["quick"],
-                   d["seed"], d["seconds"])
+                   d["seed"], d["seconds"], d.get("machine", ""))
 
     def write(self, folder: str | Path) -> list[Path]:
         """table.md, numbers.json and one PNG per figure into folder/; returns the paths written."""

@@ -19,6 +19,7 @@ lumen.fast's, asked for explicitly.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,8 +154,6 @@ def unknown_spec(spec: str, names: tuple[str, ...] = tuple(MODELS), forms: str =
         >>> str(unknown_spec("smollm3")).split(":")[0]
         "unknown model 'smollm3' (did you mean smollm2?)"
     """
-    import difflib
-
     path = Path(spec)
     if path.exists():
         what = "folder" if path.is_dir() else "file"

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from . import load, resolve
 
 # the relative error within which two forward passes of the same weights agree, by the weights' precision
 THRESHOLDS = {"float32": 5e-5, "bfloat16": 1e-2}
@@ -135,8 +136,6 @@ def _first_line(e: Exception) -> str:
 
 def verify(spec: str, texts: dict[str, str], dtype: str = "float32", steps: int = 32) -> Receipt:
     """lumen's model of `spec` against transformers' on each text (name -> text): a Receipt."""
-    from . import load, resolve
-
     if dtype not in DTYPES:
         raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     kind, path = resolve(spec)

@@ -40,6 +40,7 @@ from ..errors import UserError
 from ..model import GPT
 from ..tokenizers import Batch
 from ..tokenizers import single_token as _single_token
+from ..tokenizers.shown import token_texts
 from .cache import run_with_cache
 from .hooks import inputs
 from .readout import Readout
@@ -191,7 +192,7 @@ def attribute(
     for b in range(B):
         cols = real[b]
         row_ids = ids[b][cols.to(ids.device)].tolist()
-        tokens = [tokenizer.decode([i]) for i in row_ids] if tokenizer is not None else [str(i) for i in row_ids]
+        tokens = token_texts(tokenizer, row_ids)
         found.append(Attribution(row_ids, tokens, tgt[b][cols].tolist(),
                                  minus[b][cols].tolist() if minus is not None else None, rows,
                                  values[:, b][:, cols], heads[:, :, b][..., cols], attn_bias[:, b][:, cols],

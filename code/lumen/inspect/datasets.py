@@ -20,6 +20,7 @@ from ..errors import UserError
 from ..model import GPT
 from ..prompts import BATCH_SIZE, Prompt, batches, padded
 from ..tokenizers import Batch
+from ..tokenizers.shown import logit_name, quoted
 from .attribution import Attribution, attribute, top_components
 from .attribution_patching import attribution_patching
 from .lens import Lens, LensResult, logit_lens
@@ -37,9 +38,7 @@ def reading_name(tok, answer: int | None, wrong: int | None) -> str:
     """What a lens reads of the answer, in words: "logit[' Mary']" or "logit[' Mary'] - logit[' John']"."""
     if answer is None:
         return ""
-    if wrong is None:
-        return f"logit[{tok.decode([answer])!r}]"
-    return f"logit[{tok.decode([answer])!r}] - logit[{tok.decode([wrong])!r}]"
+    return logit_name(tok.decode([answer]), tok.decode([wrong]) if wrong is not None else None)
 
 
 def answer_readings(model: GPT, lens: Lens, idx: torch.Tensor | Batch, answers: list[int],
@@ -176,7 +175,7 @@ class AttributionSet:
         p, a = self.prompts[i], self.results[i]
         t = len(a.ids) - 1
         target, minus = name_of(a.target[t]), name_of(a.minus[t]) if a.minus is not None else None
-        what = f"logit[{target!r}] - logit[{minus!r}]" if minus is not None else f"logit[{target!r}]"
+        what = logit_name(target, minus)
         return {"line": p.line, "prompt": p.text, "target": target, "minus": minus, "what": what, **summary(a, t)}
 
     def to_dict(self, name_of: Callable[[int], str] = str) -> dict:
@@ -205,8 +204,8 @@ def attribute_prompts(model: GPT, prompts: Sequence[Prompt], tokenizer=None,
 def metric_name(tok, metric: str, a: int, b: int | None) -> str:
     """A pair's metric in words: "logit[' Mary'] - logit[' John']" (logit-diff) or "log p(' Mary')" (logprob)."""
     if metric == "logit-diff":
-        return f"logit[{tok.decode([a])!r}] - logit[{tok.decode([b])!r}]"
-    return f"log p({tok.decode([a])!r})"
+        return logit_name(tok.decode([a]), tok.decode([b]))
+    return f"log p({quoted(tok.decode([a]))})"
 
 
 def patch_prompts(model: GPT, prompts: Sequence[Prompt], metric: str = "logit-diff",
@@ -257,7 +256,7 @@ def _answers(p: Prompt, own: tuple[int, int], metric: str, tok, source: str) -> 
     a = p.answer if p.answer is not None else own[0]
     b = p.wrong if p.wrong is not None else own[1]
     if metric == "logit-diff" and a == b:
-        said = repr(tok.decode([a])) if tok is not None else f"id {a}"
+        said = quoted(tok.decode([a])) if tok is not None else f"id {a}"
         raise UserError(f"{source}, line {p.line}: the answer and the wrong token are both {said}: "
                         "give \"answer\" and \"wrong\" in the file")
     return a, b

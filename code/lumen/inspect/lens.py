@@ -27,6 +27,7 @@ from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
 from ..tokenizers import Batch
+from ..tokenizers.shown import token_texts
 from .cache import run_with_cache
 from .hooks import inputs
 from .readout import Readout
@@ -140,10 +141,6 @@ class LensResult:
         }
 
 
-def _token_texts(tokenizer, ids: Iterable[int]) -> list[str]:
-    return [tokenizer.decode([int(i)]) for i in ids]
-
-
 @overload
 def logit_lens(model: GPT, idx: Batch, lens: Lens | None = None, k: int = 5, tokenizer=None) -> list[LensResult]: ...
 @overload
@@ -198,11 +195,11 @@ def _read(lens: Lens, hs: torch.Tensor, logits: torch.Tensor, idx: torch.Tensor,
         parts["kl"].append(F.kl_div(logp, final_logp, reduction="none", log_target=True).sum(-1))
     cat = {n: torch.cat(v).cpu() for n, v in parts.items()}
     ids = idx.tolist()
-    tokens = _token_texts(tokenizer, ids) if tokenizer is not None else [str(i) for i in ids]
+    tokens = token_texts(tokenizer, ids)
     texts = {}
     if tokenizer is not None:
         seen = sorted(set(cat["top_i"].flatten().tolist()))
-        texts = dict(zip(seen, _token_texts(tokenizer, seen)))
+        texts = dict(zip(seen, token_texts(tokenizer, seen)))
     return LensResult(ids, tokens, cat["top_i"], cat["top_p"], cat["p_next"], cat["rank"], cat["ent"], cat["kl"],
                       texts, cat["final"])
 

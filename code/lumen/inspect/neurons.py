@@ -28,6 +28,7 @@ from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
 from ..tokenizers import Batch, Tokenizer
+from ..tokenizers.shown import shown
 from .cache import capture, check_layer
 
 
@@ -177,8 +178,7 @@ class Context:
 
     def marked(self) -> str:
         """The context with the trigger token marked, on one line: `... before [[trigger]] after`."""
-        text = f"{self.before}[[{self.trigger}]]{self.after}"
-        return text.replace("\n", "\\n")
+        return shown(f"{self.before}[[{self.trigger}]]{self.after}")
 
 
 def contexts(tokenizer: Tokenizer, windows: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,

@@ -40,6 +40,7 @@ from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
 from ..tokenizers import Batch
+from ..tokenizers.shown import token_texts
 from .cache import run_with_cache
 from .hooks import check_layer, hooked
 
@@ -493,4 +494,4 @@ def _maps(model: GPT, clean: torch.Tensor, corrupt: torch.Tensor, metric: Metric
 
 def _texts(tokenizer, idx: torch.Tensor) -> list[str]:
     ids = idx[0].tolist()
-    return [tokenizer.decode([i]) for i in ids] if tokenizer is not None else [str(i) for i in ids]
+    return token_texts(tokenizer, ids)

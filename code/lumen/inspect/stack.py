@@ -255,3 +255,16 @@ def check_sum(x_final: torch.Tensor, total: torch.Tensor, mask: torch.Tensor | N
     if err > TOLERANCE * max(1.0, float(scale.max()) if scale.numel() else 1.0):
         raise UserError(f"this model's final stream is not embed + the blocks' attn_out and mlp_out (off by {err:.3g}):"
                         " it cannot be split into its writes")
+
+
+@torch.no_grad()
+def stream_variance(model, idx: torch.Tensor) -> list[float]:
+    """The stream's variance (over batch, positions and dimensions) after the embedding and after each block:
+    how the writes grow it (GPT-2's init rule keeps it in check). model: a GPT, or any stack with `embed` and
+    `blocks`."""
+    x = model.embed(idx)
+    out = [x.var().item()]
+    for block in model.blocks:
+        x = block(x)
+        out.append(x.var().item())
+    return out

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from ..block import ParallelBlock, PostLNBlock, TransformerBlock
 from ..config import ModelConfig
+from ..inspect.stack import stream_variance
 from ..model import GPT
 from .exercise import Check, Context, Exercise, Hint, Mistake, Spec
 from .probes import differs, expect_close, part, randn, randomise, tensor
@@ -401,22 +402,12 @@ def _init_stds(m: ModuleType, ctx: Context) -> None:
             raise Mistake(what, hint)
 
 
-def _stream_variance(model: GPT, idx: torch.Tensor) -> list[float]:
-    with torch.no_grad():
-        x = model.embed(idx)
-        out = [x.var().item()]
-        for block in model.blocks:
-            x = block(x)
-            out.append(x.var().item())
-    return out
-
-
 def _init_depth(m: ModuleType, ctx: Context) -> None:
     N = 24
     model = _init_model(N, ctx.seed)
     m.init_gpt2(model)
     idx = torch.randint(0, model.cfg.vocab_size, (8, 32))
-    ours, lumens = _stream_variance(model.eval(), idx), _stream_variance(GPT(model.cfg).eval(), idx)
+    ours, lumens = stream_variance(model.eval(), idx), stream_variance(GPT(model.cfg).eval(), idx)
     growth, lumen_growth = ours[-1] / ours[1], lumens[-1] / lumens[1]
     if not lumen_growth / 1.5 < growth < lumen_growth * 1.5:
         raise Mistake(f"through {N} blocks the stream's variance grows {growth:.2f}x after block 1; with lumen's "

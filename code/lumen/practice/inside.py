@@ -15,6 +15,7 @@ from ..inspect.corpus import token_windows
 from ..inspect.lens import LogitLens, lens_logits, streams
 from ..inspect.neurons import top_activations, value_logits
 from ..model import GPT
+from ..tokenizers.shown import quoted
 from .exercise import Check, Context, Exercise, Mistake, Spec
 from .probes import differs, expect_close, state, tensor, tiny_models, token_ids
 
@@ -262,8 +263,9 @@ def _kv_found(m: ModuleType, ctx: Context) -> None:
     share = sum(t == trigger for t in fired) / len(fired)
     if share < TRIGGER_SHARE:
         common = max(set(fired), key=fired.count)
-        raise Mistake(f"block {layer} unit {unit} fires on {trigger!r} in {share:.0%} of its top {len(fired)} contexts "
-                      f"(its commonest trigger is {common!r}, {fired.count(common)} of them)", "find")
+        raise Mistake(f"block {layer} unit {unit} fires on {quoted(trigger)} in {share:.0%} of its top "
+                      f"{len(fired)} contexts (its commonest trigger is {quoted(common)}, {fired.count(common)} "
+                      "of them)", "find")
     _value_compare(m, model, layer, unit, f"SmolLM2 block {layer} unit {unit}")
 
 

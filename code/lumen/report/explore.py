@@ -32,7 +32,7 @@ from ..inspect.lens import LogitLens, logit_lens
 from ..inspect.patching import KINDS, logit_diff, patching_maps
 from ..model import GPT
 from ..tokenizers import single_token
-from .figures import visible
+from ..tokenizers.shown import logit_name, shown
 from .html import DARK, LIGHT
 
 MAX_TOKENS = 256   # longer prompts make a page too large to be useful
@@ -62,12 +62,12 @@ def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] |
     texts.update({i: tokenizer.decode([i]) for i in a.target + (a.minus or [])})
     L, T = len(model.blocks), len(ids)
     data = {
-        "model": model.cfg.name, "prompt": prompt, "tokens": [visible(t) for t in a.tokens], "ids": ids,
+        "model": model.cfg.name, "prompt": prompt, "tokens": [shown(t) for t in a.tokens], "ids": ids,
         "n_layers": L, "n_heads": model.attention(0).n_heads, "layer_names": [names.stream(i) for i in range(L + 1)],
-        "texts": {str(i): visible(t) for i, t in texts.items()},
+        "texts": {str(i): shown(t) for i, t in texts.items()},
         "lenses": {name: {"top_ids": r.top_ids.tolist(), "top_probs": _round(r.top_probs, 4),
                           "final_prob": _round(r.final_prob, 4)} for name, r in lenses.items()},
-        "attribution": a.to_dict(lambda i: visible(tokenizer.decode([i]))),
+        "attribution": a.to_dict(lambda i: shown(tokenizer.decode([i]))),
         "display": {c: names.display(c) for c in a.components},
         "patterns": _patterns(model, ids),
         "contrast": list(contrast) if contrast else None,
@@ -77,15 +77,15 @@ def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] |
         bad = tokenizer.encode(corrupt)
         if len(bad) != T:
             raise UserError(f"the corrupted prompt is {len(bad)} tokens, the prompt {T}: they must match "
-                            f"({[tokenizer.decode([i]) for i in ids]} vs {[tokenizer.decode([i]) for i in bad]})")
+                            f"({tokenizer.str_tokens(ids)} vs {tokenizer.str_tokens(bad)})")
         with torch.no_grad():
             ans = pair or (int(model(torch.tensor([ids]))[0][0, -1].argmax()),
                            int(model(torch.tensor([bad]))[0][0, -1].argmax()))
         if ans[0] == ans[1]:
             raise UserError("both prompts predict the same next token: give a contrast pair to compare")
-        name = f"logit[{tokenizer.decode([ans[0]])!r}] - logit[{tokenizer.decode([ans[1]])!r}]"
+        name = logit_name(tokenizer.decode([ans[0]]), tokenizer.decode([ans[1]]))
         p = patching_maps(model, ids, bad, logit_diff(*ans), patch_kinds, tokenizer=tokenizer, metric_name=name)
-        data["patching"] = p.to_dict() | {"corrupt": corrupt, "corrupt_tokens": [visible(t) for t in p.corrupt_tokens]}
+        data["patching"] = p.to_dict() | {"corrupt": corrupt, "corrupt_tokens": [shown(t) for t in p.corrupt_tokens]}
     return data
 
 

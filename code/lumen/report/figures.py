@@ -8,11 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .. import names
 from ..files import atomic_path
+from ..tokenizers.shown import shown
 
 MAX_POSITIONS = 32  # the heatmap shows at most the last 32 positions of a prompt
 
@@ -22,17 +24,6 @@ def _save(fig: Figure, path: str | Path) -> Path:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     return Path(path)
-
-
-def visible(text: str) -> str:
-    """A token as it can be seen in a cell: newlines as \\n, and a token of spaces as one ␣ per space."""
-    text = text.replace("\n", "\\n").replace("\t", "\\t")
-    return text.replace(" ", "\u2423") if not text.strip() else text
-
-
-def _short(text: str, n: int = 8) -> str:
-    text = visible(text)
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def lens_heatmap(result, path: str | Path, title: str = "logit lens") -> Path:
@@ -47,9 +38,9 @@ def lens_heatmap(result, path: str | Path, title: str = "logit lens") -> Path:
     im = ax.imshow(probs, origin="lower", aspect="auto", cmap="Blues", vmin=0, vmax=1)
     for r in range(n_layers):
         for c, t in enumerate(cols):
-            word = _short(result.vocab_of(int(result.top_ids[r, t, 0])))
+            word = shown(result.vocab_of(int(result.top_ids[r, t, 0])), 8)
             ax.text(c, r, word, ha="center", va="center", fontsize=6.5, color="white" if probs[r, c] > 0.6 else "black")
-    ax.set_xticks(range(len(cols)), [_short(result.tokens[t], 10) for t in cols], rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(range(len(cols)), [shown(result.tokens[t], 10) for t in cols], rotation=60, ha="right", fontsize=7)
     ax.set_yticks(range(n_layers), [names.stream(i) for i in range(n_layers)], fontsize=7)
     ax.set_xlabel("input position (the cell predicts the token after it)")
     ax.set_ylabel("stream after")
@@ -116,8 +107,6 @@ def head_scores_plot(scores: dict, path: str | Path, title: str = "attention hea
 def attribution_plot(a, path: str | Path, position: int = -1, title: str = "direct logit attribution") -> Path:
     """Left: each component's direct contribution at one position (bars, the embedding at the top);
     right: every head's contribution (layers x heads, red adds to the logit, blue takes away)."""
-    import numpy as np
-
     t = position % len(a.ids)
     names, vals = a.components, a.values[:, t].numpy()
     fig = Figure(figsize=(11.0, max(4.0, 0.16 * len(names) + 1.5)))
@@ -127,7 +116,7 @@ def attribution_plot(a, path: str | Path, position: int = -1, title: str = "dire
     ax.invert_yaxis()
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlabel(f"contribution (sum {float(a.logit[t]):.3f} = the logit)")
-    ax.set_title(f"position {t} ({_short(a.tokens[t], 12)})", fontsize=9)
+    ax.set_title(f"position {t} ({shown(a.tokens[t], 12)})", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     heads = a.heads[:, :, t].numpy()
     lim = float(np.abs(heads).max()) or 1.0
@@ -152,7 +141,7 @@ def patching_plot(p, path: str | Path, title: str = "activation patching") -> Pa
         if kind == "head":
             ax.set_xlabel("head")
         else:
-            ax.set_xticks(range(m.shape[1]), [_short(t, 8) for t in p.clean_tokens], rotation=60, ha="right",
+            ax.set_xticks(range(m.shape[1]), [shown(t, 8) for t in p.clean_tokens], rotation=60, ha="right",
                           fontsize=6)
         ax.set_ylabel("block")
         ax.set_title(kind.replace("_", " "), fontsize=9)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 
 from .. import names
-from .figures import visible
+from ..tokenizers.shown import shown
 
 LIGHT, DARK = (247, 251, 255), (8, 48, 107)   # the colour scale's ends: probability 0 and 1
 
@@ -34,7 +34,7 @@ def colour(p: float) -> str:
 
 
 def _show(text: str) -> str:
-    return escape(visible(text))
+    return escape(shown(text))
 
 
 def lens_page(result, title: str = "logit lens") -> str:

@@ -21,6 +21,8 @@ import os
 import platform
 from pathlib import Path
 
+import torch
+
 OVERRIDE = "LUMEN_CPU_FLAGS"  # the flags to decide by, space-separated, instead of the CPU's own
 
 # the flags that choose kernels, as Linux names them: what a benchmark names beside its figures
@@ -76,6 +78,31 @@ def kernel_flags() -> list[str]:
     """The kernel-choosing flags this CPU has (KERNEL_FLAGS' order): what a measured figure names."""
     have = flags()
     return [f for f in KERNEL_FLAGS if f in have]
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask: fewer than the machine's in a container)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # (not Linux)
+        return os.cpu_count() or 1
+
+
+def machine(threads: bool = True, memory: bool = False, load: bool = False, versions: bool = False) -> str:
+    """One line naming where a figure was measured: the CPU, the flags that chose its kernels, the CPUs this
+    process may use and (`threads`) torch's threads in it; with `memory` the RAM, with `load` the load average
+    now, with `versions` Python's and torch's versions. "Intel(R) Xeon(R) Processor (amx_tile, avx512f, avx2,
+    fma), 2 CPUs, 2 torch threads"."""
+    line = f"{name()} ({', '.join(kernel_flags()) or 'none of the flags lumen names'}), {cpu_count()} CPUs"
+    if threads:
+        line += f", {torch.get_num_threads()} torch threads"
+    if memory:
+        line += f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    if load:
+        line += ", load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if versions:
+        line += f", Python {platform.python_version()}, torch {torch.__version__}"
+    return line
 
 
 def onednn_bf16() -> bool:

@@ -27,16 +27,9 @@ from typing import TypeVar
 import torch
 
 from ..errors import LumenError, UserError
+from .cpu import cpu_count
 
 T = TypeVar("T")
-
-
-def cpu_count() -> int:
-    """The CPUs this process may run on (its affinity mask: fewer than the machine's in a container)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # (not Linux)
-        return os.cpu_count() or 1
 
 
 def check_threads(n: int, what: str, error: type[LumenError] = UserError) -> int:

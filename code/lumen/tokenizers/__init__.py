@@ -13,7 +13,8 @@ behind one small interface. Every tokenizer saves to and loads from one `tokeniz
     (torch.Size([2, 5]), [False, False, False, True, True])
 
 kinds.py: the tokenizers (Tokenizer, CharTokenizer, ByteTokenizer, HFTokenizer, train_bpe) and single_token;
-batch.py: Batch and pad (a padded batch of prompts); chat.py: ChatTemplate (a model's chat template, sandboxed).
+batch.py: Batch and pad (a padded batch of prompts); chat.py: ChatTemplate (a model's chat template, sandboxed);
+shown.py: a token as a reader sees it (shown, quoted, logit_name), the one way lumen prints a token.
 """
 
 from __future__ import annotations

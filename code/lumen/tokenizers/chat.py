@@ -4,6 +4,7 @@ bounded sandbox (no template can hang, build gigabytes or compute huge powers)."
 from __future__ import annotations
 
 import re
+import sys
 
 from ..errors import ModelFileError, UserError
 
@@ -31,8 +32,6 @@ class ChatTemplate:
 
     def render(self, user_text: str, add_generation_prompt: bool = True) -> str:
         """The template applied to one user message, ready for the model's reply."""
-        import sys
-
         from jinja2 import TemplateError
 
         steps = 0

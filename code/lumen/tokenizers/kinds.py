@@ -20,6 +20,7 @@ from ..errors import MissingFileError, ModelFileError, UserError
 from ..files import read_json
 from .batch import Batch, pad
 from .chat import ChatTemplate
+from .shown import token_texts
 
 FILENAME = "tokenizer.json"
 SETTINGS = "tokenizer_config.json"  # beside a Hugging Face tokenizer.json: eos token, chat template
@@ -60,7 +61,7 @@ class Tokenizer:
     def str_tokens(self, text: str | Iterable[int]) -> list[str]:
         """Each token of text (or of a list of ids) as its own text: what tables and figures show."""
         ids = self.encode(text) if isinstance(text, str) else list(text)
-        return [self.decode([int(i)]) for i in ids]
+        return token_texts(self, ids)
 
     def single_token(self, text: str, what: str = "token") -> int:
         """The id of text if it is exactly one token, else a clear error naming `what` (e.g. "--answer")."""

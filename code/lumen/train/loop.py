@@ -32,7 +32,7 @@ from ..model import GPT
 from ..progress import progress
 from ..runtime import cpu
 from ..runtime.compiling import COMPILE_OPTIONS
-from ..runtime.threads import ThreadTuner, cpu_count
+from ..runtime.threads import ThreadTuner
 from . import distributed
 from .budget import StepBudget
 from .config import TrainConfig, check_memory
@@ -202,7 +202,7 @@ class Trainer:
                                                       bf16=self.bf16, device=str(self.device)))
         if self.talks:
             print(summary_line(result), file=sys.stderr)
-            print(f"lumen train: on {machine()}", file=sys.stderr)
+            print(f"lumen train: on {cpu.machine()}", file=sys.stderr)
         return result
 
     def choose_steps(self, steps: int, per_step: float) -> TrainConfig:
@@ -217,7 +217,7 @@ class Trainer:
             self.run_dir.start(self.cfg, self.model_cfg, self.tokenizer, self.history)
         if self.talks:
             where = f"{self.path}/config.toml" if self.writes and self.path is not None else "this run only"
-            print(f"lumen train: {per_step:.3f} s a step on {machine()}: {steps:,} steps for about "
+            print(f"lumen train: {per_step:.3f} s a step on {cpu.machine()}: {steps:,} steps for about "
                   f"{cfg.time_budget:.0f} s of training (time_budget = {cfg.time_budget:g}; the count written "
                   f"into {where})", file=sys.stderr)
         return self.cfg
@@ -418,7 +418,3 @@ class Trainer:
                 f"Lower lr (now {self.cfg.lr}), raise warmup, or keep grad_clip on")
 
 
-def machine() -> str:
-    """The CPU a run trained on, its kernel-choosing flags and torch's threads (what a time depends on)."""
-    return (f"{cpu.name()} ({', '.join(cpu.kernel_flags()) or 'none of the flags lumen names'}), "
-            f"{cpu_count()} CPUs, {torch.get_num_threads()} torch threads")
