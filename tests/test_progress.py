@@ -121,3 +121,34 @@ def test_an_experiment_declares_the_steps_its_runs_take(name, monkeypatch, capsy
     bar = made[0]
     assert bar.total and bar.n == bar.total
     assert re.search(rf"{name}:.*\| *\d+/{bar.total} \[[\d:]+<[\d:]+,", capsys.readouterr().err)   # an estimate
+
+
+class Ticking:
+    """A clock that moves on at every read: each piece of work a bar counts takes a measurable time."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 1000.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_explore_shows_an_estimate_over_its_parts_then_patchings_own_bar(tmp_path, monkeypatch, capsys):
+    """The real command: a bar over the lens, the attribution and the heads (each one forward pass), naming
+    the part running, with an estimate once a part is done; with --corrupt the patching maps then draw their own
+    bar (not silenced by the parts' bar, which counts other work)."""
+    root = tiny_run(tmp_path)
+    monkeypatch.setattr(tqdm.std, "time", Ticking(0.5))
+    monkeypatch.setenv("LUMEN_PROGRESS", "always")
+    assert main(["explore", str(root / "run"), "--prompt", "It is the east", "--corrupt", "It is the west",
+                 "--contrast", "e", "a", "--patch", "resid_pre", "--out", str(tmp_path / "p.html")]) == 0
+    drawn = capsys.readouterr().err
+    shown = re.findall(r"exploring:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+) \[[\d:]+<([\d:?]+)", drawn)
+    assert shown and {int(t) for _, t, _ in shown} == {3}, drawn
+    assert {int(d) for d, _, _ in shown} >= {1, 2}, drawn
+    assert all(eta != "?" for done, _, eta in shown if int(done) > 0), drawn   # the estimate, once a part is done
+    for part in ("lens", "attribution", "heads"):
+        assert re.search(rf"exploring:[^\n]*(?:part/s|s/part), {part}\]", drawn), (part, drawn)   # the part running
+    after = drawn[drawn.rindex("exploring"):]
+    assert re.search(r"patching:\s+\d+%\|[^|]*\|\s*\d+/\d+", after), drawn   # patching's own bar, after the parts
