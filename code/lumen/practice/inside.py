@@ -360,8 +360,9 @@ LAYER, UNIT, TRIGGER = ..., ..., ...   # a block, a unit of its MLP, and the tok
         "key": Hint(
             "which matrix, and which slice of it, you take the unit's vector from: the one that reads the stream "
             "or the one that writes it.",
-            "Each column of W1 is a key pattern the input is matched against; each row of W2 (in the chapter's x "
-            "W notation) is the value written into the stream when that key fires.",
+            "Each column of W1 is a key pattern the input is matched against, and each row of W2 is the value "
+            "written into the stream when that key fires (the chapter's x W1, W2 are nn.Linear's weights "
+            "transposed).",
             "The value is the unit's column of W2 (mlp.down.weight[:, unit]): what it writes; W1's row is the "
                "key it reads with."),
         "find": Hint(
