@@ -16,7 +16,7 @@ import torch
 
 from lumen import practice
 from lumen.cli import main
-from lumen.practice.exercise import Check, Exercise, Spec
+from lumen.practice.exercise import PROCESS_HINTS, STEPS, Check, Exercise, Hint, Spec
 from lumen.practice.mlp import WORKED_ROUNDED, WORKED_W1, WORKED_W2, WORKED_X, worked_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,6 +237,41 @@ def test_every_mistake_has_a_hint_in_steps_ending_with_its_fix():
             if key != "task":
                 assert steps[-1] == ("the fix", ex.hint(key)), (ex.name, key)
                 assert ex.hint(key) not in steps[0][1] + steps[1][1], (ex.name, key)
+
+
+# code in a fix: a backticked span, a call (F.gelu(u), torch.rand_like(x)) or a dotted name (model.ln_f)
+CODE = re.compile(r"`[^`]+`|[A-Za-z_][\w.]*\([^()]*\)|\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+
+
+def _code(fix: str) -> set[str]:
+    return {c for c in CODE.findall(fix) if len(c) > 3}   # "e.g" is prose, not code
+
+
+def test_code_in_a_fix_is_found_by_the_pattern():
+    """The pattern the next test relies on finds the fixes' code (and not prose): checked on fixes written
+    here, independently of the exercises."""
+    assert _code("Use F.gelu(u) without approximate='tanh' (e.g. as `lumen.block.MLP` does)") == {
+        "F.gelu(u)", "`lumen.block.MLP`"}
+    assert _code("Apply lm_head(ln_f(h)) to model.blocks[k]") == {"ln_f(h)", "model.blocks"}
+    assert _code("Scale by 1/(1-p): 2N writes, 8 d^2 of 12 d^2.") == set()
+
+
+def test_every_known_mistake_has_its_own_three_steps_and_step_one_shows_no_code_of_the_fix():
+    """No mistake falls back to the generic steps (what the check saw, the task's nudge): each has a Hint
+    written for it, and what to look at names neither the fix nor any of its code."""
+    hints = [(ex.name, key, h) for ex in practice.EXERCISES.values() for key, h in ex.hints.items()
+             if key != "task"] + [("any", key, h) for key, h in PROCESS_HINTS.items()]
+    assert len(hints) > 80
+    for name, key, h in hints:
+        assert isinstance(h, Hint), (name, key)
+        assert h.look and h.formula and h.fix and len({h.look, h.formula, h.fix}) == 3, (name, key)
+        assert _flat(h.fix) not in _flat(h.look + " " + h.formula), (name, key)
+        shown = [c for c in _code(h.fix) if c in h.look]
+        assert not shown, (name, key, shown)
+    for ex in practice.EXERCISES.values():
+        for key in PROCESS_HINTS:   # the process's mistakes: three steps in every exercise, ending with the fix
+            h = PROCESS_HINTS[key]
+            assert ex.steps("a check", "what it saw", key) == list(zip(STEPS, (h.look, h.formula, h.fix)))
 
 
 def test_an_exception_in_a_check_is_shown_with_its_line_and_no_unrelated_hint(tmp_path, capsys, monkeypatch):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from lumen import practice
+from lumen.practice.exercise import STEPS, Hint
 
 SOLUTIONS = Path(__file__).resolve().parent / "practice_solutions"
 
@@ -77,7 +78,12 @@ def test_a_mistake_fails_with_its_hint(path):
     assert {o.hint for o in report.failed} == {hint}, [(o.check, o.seen, o.hint) for o in report.failed]
     # what the check saw is said in one line, and the hint's text is the exercise's
     assert all(o.seen and "\n" not in o.seen for o in report.failed)
-    assert practice.exercise(_name(path.stem)).hints[hint]
+    # and its own three steps: what to look at, the formula, the fix written for this mistake
+    ex = practice.exercise(_name(path.stem))
+    h = ex.hints[hint]
+    assert isinstance(h, Hint)
+    assert all(ex.steps(o.check, o.seen, o.hint) == list(zip(STEPS, (h.look, h.formula, h.fix)))
+               for o in report.failed)
 
 
 def test_a_check_is_repeatable_and_leaves_torchs_generator_alone():

@@ -121,3 +121,79 @@ def test_an_experiment_declares_the_steps_its_runs_take(name, monkeypatch, capsy
     bar = made[0]
     assert bar.total and bar.n == bar.total
     assert re.search(rf"{name}:.*\| *\d+/{bar.total} \[[\d:]+<[\d:]+,", capsys.readouterr().err)   # an estimate
+
+
+class Ticking:
+    """A clock that moves on at every read: each piece of work a bar counts takes a measurable time."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 1000.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_explore_shows_an_estimate_over_its_parts_then_patchings_own_bar(tmp_path, monkeypatch, capsys):
+    """The real command: a bar over the lens, the attribution and the heads (each one forward pass), naming
+    the part running, with an estimate once a part is done; with --corrupt the patching maps then draw their own
+    bar (not silenced by the parts' bar, which counts other work)."""
+    root = tiny_run(tmp_path)
+    monkeypatch.setattr(tqdm.std, "time", Ticking(0.5))
+    monkeypatch.setenv("LUMEN_PROGRESS", "always")
+    assert main(["explore", str(root / "run"), "--prompt", "It is the east", "--corrupt", "It is the west",
+                 "--contrast", "e", "a", "--patch", "resid_pre", "--out", str(tmp_path / "p.html")]) == 0
+    drawn = capsys.readouterr().err
+    shown = re.findall(r"exploring:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+) \[[\d:]+<([\d:?]+)", drawn)
+    assert shown and {int(t) for _, t, _ in shown} == {3}, drawn
+    assert {int(d) for d, _, _ in shown} >= {1, 2}, drawn
+    assert all(eta != "?" for done, _, eta in shown if int(done) > 0), drawn   # the estimate, once a part is done
+    for part in ("lens", "attribution", "heads"):
+        assert re.search(rf"exploring:[^\n]*(?:part/s|s/part), {part}\]", drawn), (part, drawn)   # the part running
+    after = drawn[drawn.rindex("exploring"):]
+    assert re.search(r"patching:\s+\d+%\|[^|]*\|\s*\d+/\d+", after), drawn   # patching's own bar, after the parts
+
+
+def test_generate_compile_says_it_is_compiling_then_how_long_it_took_before_the_text(tmp_path, monkeypatch):
+    """A compiler's time has no total for a bar: --compile says it is compiling, then, when the prompt's pass
+    and the warm-up steps are done (where compiling happens), how long they took, and only then the text. (The
+    compiled path is stood in for by the eager one with 0.2 s added to each of those three tokens, as compiling
+    adds; stdout and stderr go to one stream to see the order.)"""
+    import contextlib
+    import io
+    import sys
+    import time
+
+    import lumen.fast as fast
+
+    root = tiny_run(tmp_path)
+    real = fast.decoding
+
+    @contextlib.contextmanager
+    def pretend(model, compile=False):
+        with real(model, False) as decoder:
+            tokens = decoder.tokens
+
+            def compiling_first(*a, **k):
+                for i, t in enumerate(tokens(*a, **k)):
+                    if compile and i < 3:
+                        time.sleep(0.2)
+                    yield t
+
+            decoder.tokens = compiling_first
+            yield decoder
+
+    monkeypatch.setattr(fast, "decoding", pretend)
+    both = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", both)
+    monkeypatch.setattr(sys, "stderr", both)
+    assert main(["generate", str(root / "run"), "--prompt", "ROMEO.", "--max-new-tokens", "10", "--greedy",
+                 "--compile"]) == 0
+    lines = both.getvalue().splitlines()
+    said = [i for i, w in enumerate(lines) if w.startswith("lumen generate: compiling the decoding step")]
+    done = [i for i, w in enumerate(lines) if w.startswith("lumen generate: compiled: ")]
+    text = [i for i, w in enumerate(lines) if not w.startswith("lumen generate:")]
+    assert len(said) == 1 and len(done) == 1 and text, lines
+    assert said[0] < done[0] < text[0], lines   # compiling, compiled, then the text
+    took = float(re.search(r"compiled: ([\d.]+) s for the prompt's pass and 2 steps", lines[done[0]])[1])
+    assert took >= 0.6   # the three slowed tokens, measured on this run's clock

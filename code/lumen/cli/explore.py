@@ -6,7 +6,10 @@ activation-patching maps when a corrupted prompt is given. No network: everythin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from collections.abc import Callable, Iterator
+from unittest import mock
 
 from .models import add_model_argument, load_with_tokenizer, output_file, path_text
 from .patch import KINDS
@@ -36,9 +39,42 @@ def run(args: argparse.Namespace) -> int:
     model, tok = load_with_tokenizer(args.model)
     tuned = TunedLens.load(args.tuned, model) if args.tuned else None
     t0 = time.perf_counter()
-    data = explore_data(model, tok, args.prompt, tuple(args.contrast) if args.contrast else None, args.corrupt, tuned,
-                        patch_kinds=args.patch)
+    with _parts_bar(tuned is not None):
+        data = explore_data(model, tok, args.prompt, tuple(args.contrast) if args.contrast else None,
+                            args.corrupt, tuned, patch_kinds=args.patch)
     path = write_text(args.out, explore_page(data))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB; {len(data['tokens'])} tokens, "
           f"{data['n_layers']} layers x {data['n_heads']} heads; computed in {time.perf_counter() - t0:.1f} s)")
     return 0
+
+
+# the parts of lumen.report.explore.explore_data that each run the model once, with what the bar calls them
+PARTS = {"logit_lens": "lens", "attribute": "attribution", "_patterns": "heads"}
+
+
+@contextlib.contextmanager
+def _parts_bar(tuned: bool) -> Iterator[None]:
+    """A bar (lumen.progress) over explore_data's parts: the lens (and the tuned lens), the attribution and the
+    heads' patterns, each one forward pass with its cache, so equal pieces of work for the estimate. The part
+    running is named after the bar; the patching maps (--corrupt) close it and draw their own bar, by cells."""
+    from ..progress import progress
+    from ..report import explore as page
+
+    with progress(total=len(PARTS) + tuned, desc="exploring", unit="part") as bar, contextlib.ExitStack() as stack:
+        def counted(f: Callable, part: str) -> Callable:
+            def part_of_the_page(*args, **kwargs):
+                bar.set_postfix_str(part)
+                out = f(*args, **kwargs)
+                bar.update()
+                return out
+            return part_of_the_page
+
+        def patching(*args, **kwargs):
+            bar.close()   # done: the maps' own bar (by cells) draws now
+            return maps(*args, **kwargs)
+
+        maps = page.patching_maps
+        for name, part in PARTS.items():
+            stack.enter_context(mock.patch.object(page, name, counted(getattr(page, name), part)))
+        stack.enter_context(mock.patch.object(page, "patching_maps", patching))
+        yield

@@ -15,6 +15,7 @@ import secrets
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -90,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
     if args.compile and args.aot:
         raise UserError("--compile and --aot are two ways to compile the decoding step: give one of them")
     compile = "aot" if args.aot else args.compile
-    if args.compile:
-        print("lumen generate: compiling the decoding step (about a minute on two cores the first time)...",
+    if compile:   # a bar cannot know how long a compiler runs: a line before, and one when it is done
+        print("lumen generate: " + ("compiling the decoding step ahead of time (a few minutes the first time for "
+                                    "this model's shape, then only loaded)..." if args.aot else
+                                    "compiling the decoding step (about a minute on two cores the first time)..."),
               file=sys.stderr)
     generator = torch.Generator().manual_seed(seed)
     recent: collections.deque[int] = collections.deque(maxlen=loaded.model.cfg.context)  # what a diagnosis reads
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         with decoding(loaded.model, compile) as decoder, \
                 finite_logits(loaded.model) if sampling.greedy and not compile else contextlib.nullcontext(), \
                 contextlib.closing(decoder.tokens(idx, args.max_new_tokens, sampling, generator)) as steps:
-            timing = print_tokens(kept(steps, recent), tok, sys.stdout)
+            timing = print_tokens(kept(steps, recent), tok, sys.stdout, compiled if compile else None)
     except (NonFiniteLogits, RuntimeError) as e:
         # sampling: torch.multinomial refuses probabilities that are not finite (its own check: nothing added to
         # a step); greedy: finite_logits. Then, once, where the forward pass went non-finite (lumen.inspect.finite)
@@ -243,7 +246,15 @@ def describe(sampling: Sampling, source: str, seed: int) -> str:
             "--greedy takes the most likely token")
 
 
-def print_tokens(steps, tok, out) -> Timing:
+def compiled(timing: Timing) -> None:
+    """The line --compile prints when its warm-up is over, before the text: how long it took until then."""
+    warm = min(WARMUP_STEPS, max(0, timing.tokens - 1))
+    print(f"lumen generate: compiled: {timing.prompt_s + timing.warmup_s:.1f} s for the prompt's pass and "
+          f"{warm} step{'s' * (warm != 1)}, compiling included (the text follows, at the compiled speed)",
+          file=sys.stderr, flush=True)
+
+
+def print_tokens(steps, tok, out, ready: Callable[[Timing], None] | None = None) -> Timing:
     """Print each new piece of text as its tokens arrive; stop at the end-of-sequence token; return how many
     tokens were printed and when they came (Timing: the prompt and first token, which hold any compiling, the
     warm-up steps, the steady steps).
@@ -251,7 +262,10 @@ def print_tokens(steps, tok, out) -> Timing:
     A character may span several byte-level tokens, and a decoder may treat a token at the start of the text
     differently (a leading space dropped), so the tokens not yet printed are decoded after the last few printed
     ones, and only what they add (not ending in a half character) is written. Memory and time per token stay
-    the same however long the output: nothing but that short tail is kept."""
+    the same however long the output: nothing but that short tail is kept.
+
+    ready: called once when the warm-up is over (after the first token and WARMUP_STEPS steps, or at the end
+    if there are fewer), before any text is written: --compile says there how long compiling took."""
     tail: list[int] = []      # the last tokens printed: context for decoding the next ones
     pending: list[int] = []   # tokens not yet printed
     timing = Timing()
@@ -270,12 +284,19 @@ def print_tokens(steps, tok, out) -> Timing:
         last = now
         pending.append(token)
         timing.tokens += 1
+        if ready is not None:
+            if timing.tokens <= WARMUP_STEPS:
+                continue   # held back until the warm-up is over
+            ready(timing)
+            ready = None
         before = tok.decode(tail)
         text = tok.decode(tail + pending)
         if (not text.endswith("\ufffd") and text.startswith(before)) or len(pending) >= HELD_TOKENS:
             out.write(text[len(before):] if text.startswith(before) else tok.decode(pending))
             out.flush()
             tail, pending = (tail + pending)[-TAIL_TOKENS:], []
+    if ready is not None:
+        ready(timing)
     before = tok.decode(tail)
     text = tok.decode(tail + pending)
     out.write((text[len(before):] if text.startswith(before) else tok.decode(pending)) + "\n")

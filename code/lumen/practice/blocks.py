@@ -206,8 +206,12 @@ your own: the checks run lumen's TransformerBlock with your parts in it and comp
             "what each norm is applied to: the branch's input, or its output.",
             "pre-LN: x + f(LN(x)): normalise what the branch reads, add what it writes unchanged.",
             "The norm goes on the branch's input, x + f(LN(x)), not on its output."),
-        "dropout": "Dropout belongs to training: nn.Dropout is the identity after .eval(); do not apply your own "
-                   "dropout unconditionally.",
+        "dropout": Hint(
+            "your block's output in evaluation mode: is it the same at every call?",
+            "Dropout zeros a random 10% of activations during training and scales the rest by 1/0.9; at inference"
+            " it is switched off.",
+            "Dropout belongs to training: nn.Dropout is the identity after .eval(); do not apply your own "
+                   "dropout unconditionally."),
     },
     solution=("lumen.block.TransformerBlock.forward",),
 )
@@ -235,14 +239,25 @@ Parts: ln1, attn, ln2, mlp (lumen's LayerNorm, MultiHeadAttention and MLP, or yo
     hints={
         "task": "Each line adds the branch's output to x and then normalises the sum: x = LN1(x + Attn(x)), then x = "
                 "LN2(x + MLP(x)).",
-        "pre": "That is pre-LN, x + f(LN(x)): in post-LN the branch reads x itself and the norm comes after the "
-               "add, x = LN(x + f(x)).",
-        "order": "Normalise the sum, LN(x + f(x)), not the branch's output: the norm sits on the highway.",
+        "pre": Hint(
+            "where your norm sits: inside the branch, or after the residual add.",
+            "Post-LN (the original transformer) puts the normalisation after the residual add: x <- LN(x + f(x))."
+            " Pre-LN is x <- x + f(LN(x)).",
+            "That is pre-LN, x + f(LN(x)): in post-LN the branch reads x itself and the norm comes after the "
+               "add, x = LN(x + f(x))."),
+        "order": Hint(
+            "what your LayerNorm normalises: the branch's output alone, or the sum.",
+            "x <- LN(x + f(x)): the LayerNorm sits on the residual highway, so every block rescales the stream.",
+            "Normalise the sum, LN(x + f(x)), not the branch's output: the norm sits on the highway."),
         "residual": Hint(
             "what goes into each norm: the line with attention, and the line with the MLP.",
             "post-LN: x = LN1(x + Attn(x)), then x = LN2(x + MLP(x)): each norm takes the stream plus the branch.",
             "Add the branch to the stream before normalising: LN(x + f(x)), never LN(f(x)) (the residual highway)."),
-        "dropout": "Dropout belongs to training: nn.Dropout is the identity after .eval().",
+        "dropout": Hint(
+            "your block's output in evaluation mode: is it the same at every call?",
+            "Dropout zeros a random 10% of activations during training and scales the rest by 1/0.9; at inference"
+            " it is switched off.",
+            "Dropout belongs to training: nn.Dropout is the identity after .eval()."),
     },
     solution=("lumen.block.PostLNBlock.forward",),
 )
@@ -341,14 +356,33 @@ class Dropout(nn.Module):
     hints={
         "task": "In training, draw a random mask (torch.rand_like(x) >= p keeps a unit), zero the rest and rescale "
                 "the kept ones; self.training says which mode the module is in.",
-        "inference": "Dropout is switched off at inference: return x unchanged when not self.training "
-                     "(model.eval() sets training = False on every module).",
-        "test-scaling": "Scale at training time (survivors times 1/(1-p)), not at inference time: then eval "
-                        "mode is the plain identity.",
-        "keep": "p is the probability of dropping a unit, not of keeping it: keep where torch.rand_like(x) >= p.",
-        "rescale": "Scale the survivors by 1/(1-p): with a fraction p of zeros, that keeps each activation's "
-                   "expected value what it is at inference.",
-        "fresh": "Draw a new mask at every call (torch.rand_like(x)); do not seed or cache it.",
+        "inference": Hint(
+            "what your forward returns after .eval(): is it different from x?",
+            "Dropout zeros a random 10% of activations during training and scales the rest up by 1/0.9; at "
+            "inference it is switched off.",
+            "Dropout is switched off at inference: return x unchanged when not self.training "
+                     "(model.eval() sets training = False on every module)."),
+        "test-scaling": Hint(
+            "in which mode your code scales the survivors up: in training, or in eval.",
+            "Dropout zeros a fraction p during training and scales the rest up by 1/(1-p) (1/0.9 at rate 0.1); at"
+            " inference it is switched off: the identity.",
+            "Scale at training time (survivors times 1/(1-p)), not at inference time: then eval "
+                        "mode is the plain identity."),
+        "keep": Hint(
+            "the fraction of activations your mask zeros when p = 0.1.",
+            "Dropout at rate 0.1 zeros a random 10% of activations: p is the rate of zeros.",
+            "p is the probability of dropping a unit, not of keeping it: keep where torch.rand_like(x) >= p."),
+        "rescale": Hint(
+            "the survivors: what they are multiplied by, and the mean of your output over many draws.",
+            "Dropout zeros a random 10% of activations during training and scales the rest up by 1/0.9: 1/(1-p), "
+            "so the expected value is unchanged.",
+            "Scale the survivors by 1/(1-p): with a fraction p of zeros, that keeps each activation's "
+                   "expected value what it is at inference."),
+        "fresh": Hint(
+            "two calls of your forward on the same x in training: do they drop the same units?",
+            "Dropout zeros a random 10% of activations during training, so that no single unit can be relied on: "
+            "a new random choice every time.",
+            "Draw a new mask at every call (torch.rand_like(x)); do not seed or cache it."),
     },
     solution=("lumen.block.MLP.forward", "lumen.block.TransformerBlock.forward"),
 )
@@ -445,15 +479,37 @@ def init_gpt2(model):
         "task": "Walk model.modules() for nn.Linear and nn.Embedding (N(0, 0.02^2) weights, zero biases); then find "
                 "the two stream-writing matrices per block by name (attn.out, mlp.proj) and draw them again with the "
                 "smaller std.",
-        "every": "Only the two matrices that write into the stream get 1/sqrt(2N): attn.out (W_O) and mlp.proj "
-                 "(W_2); W_Q, W_K, W_V and W_1 stay at 0.02.",
-        "rule": "The rule is missing: after the N(0, 0.02^2) pass, draw attn.out.weight and mlp.proj.weight "
-                "again with std 0.02 / sqrt(2N).",
-        "2N": "Each block writes into the stream twice (attention, then the MLP): 2N writes, so the std is "
-              "0.02 / sqrt(2 N), not 0.02 / sqrt(N).",
-        "biases": "Every bias starts at 0: nn.init.zeros_(module.bias).",
-        "embeddings": "The embeddings (tok_emb and pos_emb, nn.Embedding) are drawn from N(0, 0.02^2) too.",
-        "norms": "Leave the norms alone: their g stays 1 and b stays 0 (only Linear and Embedding are drawn).",
+        "every": Hint(
+            "which weights get the smaller std: compare the list with the matrices that write into the stream.",
+            "Scale the initialisation of the two output projections in each block, W_O and W_2 (the matrices that"
+            " write into the stream), by 1/sqrt(2N).",
+            "Only the two matrices that write into the stream get 1/sqrt(2N): attn.out (W_O) and mlp.proj "
+                 "(W_2); W_Q, W_K, W_V and W_1 stay at 0.02."),
+        "rule": Hint(
+            "the std of the output projections after your init: is it different from the other matrices'?",
+            "GPT-2 initialises every weight matrix from N(0, 0.02^2), then one extra rule: W_O and W_2 of every "
+            "block scaled by 1/sqrt(2N).",
+            "The rule is missing: after the N(0, 0.02^2) pass, draw attn.out.weight and mlp.proj.weight "
+                "again with std 0.02 / sqrt(2N)."),
+        "2N": Hint(
+            "what N counts in your 1/sqrt(...): the blocks, or the writes into the stream.",
+            "Each block adds two write vectors to the stream: after N blocks the variance is about 2N sigma^2, so"
+            " each of the 2N writes gets variance sigma^2 / (2N).",
+            "Each block writes into the stream twice (attention, then the MLP): 2N writes, so the std is "
+              "0.02 / sqrt(2 N), not 0.02 / sqrt(N)."),
+        "biases": Hint(
+            "the biases after your init: what values they hold.",
+            "GPT-2 initialises every weight matrix from N(0, 0.02^2) and every bias at 0.",
+            "Every bias starts at 0: nn.init.zeros_(module.bias)."),
+        "embeddings": Hint(
+            "which modules your init loop visits: only nn.Linear, or the embeddings too.",
+            "GPT-2 initialises every weight matrix from N(0, 0.02^2), the token and position tables included.",
+            "The embeddings (tok_emb and pos_emb, nn.Embedding) are drawn from N(0, 0.02^2) too."),
+        "norms": Hint(
+            "the LayerNorms' g and b after your init.",
+            "LN(x) = g * (x - mu) / sqrt(sigma^2 + eps) + b starts as the plain normalisation: g = 1, b = 0. The "
+            "init rule draws weight matrices only.",
+            "Leave the norms alone: their g stays 1 and b stays 0 (only Linear and Embedding are drawn)."),
     },
     solution=("lumen.model.GPT._init_weights", "lumen.model.GPT.__init__"),
 )

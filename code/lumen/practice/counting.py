@@ -8,7 +8,7 @@ from types import ModuleType
 
 from ..accounting import count, formula, forward_flops_per_token, report, training_flops
 from ..config import ModelConfig
-from .exercise import Check, Context, Exercise, Mistake, Spec
+from .exercise import Check, Context, Exercise, Hint, Mistake, Spec
 from .probes import near, number
 
 
@@ -129,13 +129,31 @@ MLP_SHARE = ...
     hints={
         "task": "W_Q and W_O are d x d; W_K and W_V are d x (n_kv_heads x d_head) with d_head = d / n_heads; the MLP "
                 "has 2 (gated: 3) matrices of d x d_ff. GPT-2 small: 12 blocks of 12 d^2.",
-        "gqa": "With grouped-query attention only W_Q and W_O stay d x d: W_K and W_V shrink to d x (n_kv_heads "
-               "x d_head), so Llama-3-70B's attention is 2 d^2 + 2 d^2 x 8/64 = 2.25 d^2.",
-        "gated": "A gated MLP (SwiGLU) has three matrices of d x d_ff, w_gate, w_up and w_down: 3 d d_ff.",
-        "d_ff": "Use the d_ff given: 2 d d_ff, which is 8 d^2 only when d_ff = 4d.",
-        "embedding": "Non-embedding leaves out the token and position tables (and the tied unembedding): "
-                     "12 blocks x 12 d^2 at d = 768 is about 85M, not GPT-2's whole 124M.",
-        "share": "The share is of the whole block, attention included: 8 d^2 of 12 d^2.",
+        "gqa": Hint(
+            "the sizes you give W_K and W_V under grouped-query attention.",
+            "With grouped-query attention, W_K and W_V shrink to d x h_kv d_head each, so attention drops below "
+            "4d^2; in Llama-3 70B it is about 2.25d^2.",
+            "With grouped-query attention only W_Q and W_O stay d x d: W_K and W_V shrink to d x (n_kv_heads "
+               "x d_head), so Llama-3-70B's attention is 2 d^2 + 2 d^2 x 8/64 = 2.25 d^2."),
+        "gated": Hint(
+            "how many matrices a gated MLP has.",
+            "With SwiGLU the MLP has three matrices of size d x d_ff; with the usual d_ff = 8/3 d that is again "
+            "about 8d^2, by design.",
+            "A gated MLP (SwiGLU) has three matrices of d x d_ff, w_gate, w_up and w_down: 3 d d_ff."),
+        "d_ff": Hint(
+            "whether your MLP count uses the d_ff it is given, or assumes the default width.",
+            "MLP: W1 is d x d_ff and W2 is d_ff x d. With d_ff = 4d that is 8d^2.",
+            "Use the d_ff given: 2 d d_ff, which is 8 d^2 only when d_ff = 4d."),
+        "embedding": Hint(
+            "which parameters your count includes: the blocks only, or the token and position tables as well.",
+            "Per block 12d^2 (attention 4d^2, MLP 8d^2), ignoring biases and norms; GPT-2 small has 85M non-"
+            "embedding parameters.",
+            "Non-embedding leaves out the token and position tables (and the tied unembedding): "
+                     "12 blocks x 12 d^2 at d = 768 is about 85M, not GPT-2's whole 124M."),
+        "share": Hint(
+            "what you divide the MLP's parameters by.",
+            "Attention 4d^2 + MLP 8d^2 = 12d^2 per block: two thirds of every block is the MLP.",
+            "The share is of the whole block, attention included: 8 d^2 of 12 d^2."),
     },
     solution=("lumen.accounting.formula", "lumen.accounting.count_module"),
 )
@@ -243,19 +261,51 @@ ATTENTION_CORE_SHARE = ...
         "task": "Count the weights multiplied per token: per block 4 d^2 (attention) + 2 d d_ff (MLP), plus the "
                 "unembedding's vocab x d, 2 FLOPs each; add 4 L d per block for Q K^T and A V. Training: C = 6 N D, N "
                 "non-embedding.",
-        "embedding": "The embedding lookup costs no FLOPs: it reads one row of the table per token. Count the "
-                     "unembedding (a real matmul) but not the lookup.",
-        "unembedding": "The output projection is a matmul of d x vocab, even when it shares its weights with the "
-                       "embedding: 2 vocab d FLOPs per token.",
-        "core": "Add the attention core: Q K^T and A V cost 2 L d each per layer (4 L d), not proportional to "
-                "the parameters.",
-        "two": "Each weight is used once per token as one multiply and one add: 2 FLOPs.",
-        "six": "Training is about three forward passes (the backward pass does two matmuls per forward one): "
-               "C = 6 N D, not 2 N D.",
-        "n": "N in 6 N D is the non-embedding count (85M for GPT-2 small), as the chapter and Kaplan et al. use.",
-        "units": "Check the powers of ten: 10 billion tokens is 1e10, 15 trillion is 1.5e13, 70B parameters 7e10.",
-        "share": "The share is relative to 2N with N the non-embedding parameters (Kaplan's convention), not to "
-                 "the whole forward pass.",
+        "embedding": Hint(
+            "which matrices your per-token count includes at the two ends of the model.",
+            "FLOPs per token = 2 N_params, where N_params counts the weight matrices actually multiplied: it "
+            "excludes the input embedding table, which is a lookup, but includes the output projection.",
+            "The embedding lookup costs no FLOPs: it reads one row of the table per token. Count the "
+                     "unembedding (a real matmul) but not the lookup."),
+        "unembedding": Hint(
+            "whether your count has the output projection, d x vocab, in it (tied or not).",
+            "N_params counts the weight matrices actually multiplied: it excludes the input embedding table but "
+            "includes the output projection.",
+            "The output projection is a matmul of d x vocab, even when it shares its weights with the "
+                       "embedding: 2 vocab d FLOPs per token."),
+        "core": Hint(
+            "what your forward count leaves out that has no parameters at all.",
+            "The attention core, QK^T and AV, adds about 4Ld per layer per token; this is not proportional to "
+            "parameters (about 20% extra for GPT-2 small at L = 1024).",
+            "Add the attention core: Q K^T and A V cost 2 L d each per layer (4 L d), not proportional to "
+                "the parameters."),
+        "two": Hint(
+            "how many FLOPs you count for one weight used on one token.",
+            "Every one of the d_in d_out weights is used exactly once per token, and each use is one multiply and"
+            " one add.",
+            "Each weight is used once per token as one multiply and one add: 2 FLOPs."),
+        "six": Hint(
+            "the factor between the forward pass and training in your answer.",
+            "Training costs about three times the forward pass: backpropagation needs two more matrix "
+            "multiplications of the same size for each one in the forward pass. C = 6ND.",
+            "Training is about three forward passes (the backward pass does two matmuls per forward one): "
+               "C = 6 N D, not 2 N D."),
+        "n": Hint(
+            "which parameter count you put for N: GPT-2 small's whole count, or another.",
+            "For GPT-2 small (85M non-embedding parameters) on 10 billion tokens: 6 x 85M x 10^10, about 5 x "
+            "10^18 FLOPs.",
+            "N in 6 N D is the non-embedding count (85M for GPT-2 small), as the chapter and Kaplan et al. use."),
+        "units": Hint(
+            "the powers of ten in your numbers: billions, trillions, and what 70B means.",
+            "6 x 85M x 10^10 = 5 x 10^18 (GPT-2 small, 10 billion tokens); 6 x 7 x 10^10 x 1.5 x 10^13 = 6 x "
+            "10^24 (70B on 15 trillion tokens).",
+            "Check the powers of ten: 10 billion tokens is 1e10, 15 trillion is 1.5e13, 70B parameters 7e10."),
+        "share": Hint(
+            "what you divide the attention core's FLOPs by.",
+            "The attention core adds about 4Ld per layer per token on top of 2N (N non-embedding): for GPT-2 "
+            "small at L = 1024 it is about 20% extra.",
+            "The share is relative to 2N with N the non-embedding parameters (Kaplan's convention), not to "
+                 "the whole forward pass."),
     },
     solution=("lumen.accounting.forward_flops_per_token", "lumen.accounting.training_flops"),
 )

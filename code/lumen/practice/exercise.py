@@ -81,17 +81,6 @@ class Stopped(Exception):
         return f"your code {self.what}" + (" before the checks finished" if self.what.startswith("ended") else "")
 
 
-# the hints of any exercise: what the learner's code did to the process it runs in
-PROCESS_HINTS = {
-    "ended": "Return your answer: os._exit, sys.exit, exit(), quit() and raising SystemExit end the process your "
-             "code runs in, so the checks see no answer (and never a pass).",
-    "timeout": "Your code runs with a time limit per check (--timeout, 60 s by default): look for a loop that never "
-               "ends, a sleep or an input(); if it is only slow, give it more with --timeout.",
-    "memory": "Your code runs with a memory limit (--memory, 4 GiB by default): look for a tensor far bigger than "
-              "the inputs; if it really needs more, give it more with --memory.",
-}
-
-
 @dataclass(frozen=True)
 class Spec:
     """One name the learner's file must define, and how the checks call it.
@@ -146,6 +135,32 @@ class Hint:
 
 STEPS = ("what to look at", "the formula", "the fix")   # the steps of a hint, in order
 
+# the hints of any exercise: what the learner's code did to the process it runs in (the "formula" here is the
+# rule the checks run under)
+PROCESS_HINTS = {
+    "ended": Hint(
+        "the lines that run when your file is imported and when the checked function is called: does one of them "
+        "end the program instead of giving a value back?",
+        "A check imports your file, calls what it defines and compares what comes back: an answer is a value "
+        "returned (or a name defined), and the checks run in a process of their own that must stay alive.",
+        "Return your answer: os._exit, sys.exit, exit(), quit() and raising SystemExit end the process your "
+        "code runs in, so the checks see no answer (and never a pass)."),
+    "timeout": Hint(
+        "the loops in your code (does each one's condition ever change?), and any call that waits for the "
+        "clock or the keyboard.",
+        "Each check runs with a time limit (--timeout, 60 s by default); the exercises' inputs are small, so the "
+        "formula computed once over the whole tensor takes well under a second.",
+        "Make every loop end, or replace it with one tensor operation over the whole input; remove sleeps and "
+        "input(). If your code is only slow, give it more time with --timeout."),
+    "memory": Hint(
+        "the tensors your code creates: is one far bigger than the inputs (one dimension per pair of tokens or "
+        "of features, a copy per loop turn, a list that keeps growing)?",
+        "Each check runs with a memory limit (--memory, 4 GiB by default); the exercises' inputs take a few "
+        "megabytes at most, and so do the formula's intermediate results.",
+        "Compute the formula without the huge intermediate (reduce along one axis at a time, let broadcasting "
+        "do the pairing, free what a loop no longer needs); if it really needs more, give it more with --memory."),
+}
+
 
 @dataclass(frozen=True)
 class Exercise:
@@ -172,10 +187,10 @@ class Exercise:
         """The hint for what a check saw, as (title, text) steps given one at a time: what to look at, the
         formula, the fix.
 
-        A mistake written as a plain fix gets its first two steps from the check (what failed, what it saw)
-        and from the task's nudge; an exception no check recognised (`key` None) has no fix to give, only
-        where it was raised and the formula; what the code did to its process (ended, timed out) has no
-        formula."""
+        Every known mistake, and what the code did to its process (ended, ran out of time or memory), has its
+        own three steps (`Hint`); a mistake written as a plain fix would get its first two from the check (what
+        it saw) and the task's nudge. An exception no check recognised (`key` None) has no fix to give, only
+        where it was raised and the formula."""
         task = self.hints["task"]
         formula = task.formula if isinstance(task, Hint) else task
         look = f"it saw: {seen}. Find the line of your file that computes what it compared."
@@ -185,9 +200,7 @@ class Exercise:
         if key == "task":
             return [(STEPS[0], f"{seen}: your file's docstring says what to write."), (STEPS[1], formula),
                     ("lumen's own code", f"`lumen practice solution {self.name}` (try the formula first)")]
-        if key not in self.hints:
-            return [(STEPS[0], look), (STEPS[2], PROCESS_HINTS[key])]
-        h = self.hints[key]
+        h = self.hints.get(key) or PROCESS_HINTS[key]
         if isinstance(h, Hint):
             return list(zip(STEPS, (h.look, h.formula, h.fix)))
         return list(zip(STEPS, (look, formula, h)))

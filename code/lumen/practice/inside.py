@@ -16,7 +16,7 @@ from ..inspect.lens import LogitLens, lens_logits, streams
 from ..inspect.neurons import top_activations, value_logits
 from ..model import GPT
 from ..tokenizers.shown import quoted
-from .exercise import Check, Context, Exercise, Mistake, Spec
+from .exercise import Check, Context, Exercise, Hint, Mistake, Spec
 from .probes import differs, expect_close, state, tensor, tiny_models, token_ids
 
 # -- deleting a block --------------------------------------------------------------------------------------
@@ -89,12 +89,27 @@ def logits_without_block(model, idx, k):
     hints={
         "task": "Run the model's parts yourself: model.embed, then every block of model.blocks but block k, then "
                 "model.ln_f and model.lm_head.",
-        "zero": "Deleting a block is not zeroing the stream: the stream the block received passes on as it is; "
-                "only the block's own writes are removed.",
-        "index": "Block k is model.blocks[k], counted from 0 (k = 0 is the first block): skip exactly that one.",
-        "both": "A block writes twice into the stream, attention then the MLP: deleting it removes both writes.",
-        "restore": "Leave the model as it was: do not remove the block from model.blocks for good (run the "
-                   "blocks yourself, or put it back in a finally).",
+        "zero": Hint(
+            "what the stream is after the deleted block: what your code passes on to block k + 1.",
+            "Each block reads from the stream and writes a vector back into it by addition; nothing erases the "
+            "stream, so it survives without that block's write.",
+            "Deleting a block is not zeroing the stream: the stream the block received passes on as it is; "
+                "only the block's own writes are removed."),
+        "index": Hint(
+            "which block your code skips when k = 0 and when k is the last block.",
+            "Blocks are counted from 0: block k is the (k + 1)-th of model.blocks.",
+            "Block k is model.blocks[k], counted from 0 (k = 0 is the first block): skip exactly that one."),
+        "both": Hint(
+            "how many writes of block k your code removes: a block has two residual updates.",
+            "A pre-LN block: x = x + Attn(LN1(x)); x = x + MLP(LN2(x)). Two writes into the stream.",
+            "A block writes twice into the stream, attention then the MLP: deleting it removes both writes."),
+        "restore": Hint(
+            "the model's list of blocks after your function returns (and if it raises): is it the one it was "
+            "given?",
+            "Deleting a block for one run: its writes are gone from that run only; the model itself is the same "
+            "before and after.",
+            "Leave the model as it was: do not remove the block from model.blocks for good (run the "
+                   "blocks yourself, or put it back in a finally)."),
     },
     solution=("lumen.inspect.cache.delete_blocks", "lumen.inspect.cache._Skip"),
 )
@@ -175,10 +190,18 @@ def logit_lens_top1(model, idx):
     hints={
         "task": "Collect the stream after model.embed and after every block, apply model.ln_f and model.lm_head to "
                 "each, and take the argmax over the vocabulary.",
-        "final-norm": "Apply the final norm before the unembedding, lm_head(ln_f(h)): the unembedding was trained "
-                      "on normalised streams (and the pre-LN stream itself is never normalised).",
-        "rows": "One row per stream: the embedding's output first, then the stream after each of the n_layers "
-                "blocks, n_layers + 1 rows.",
+        "final-norm": Hint(
+            "what you apply to each layer's stream before reading logits, and what the model's own last step "
+            "does.",
+            "The final step of a language model: take the residual stream, apply the final LayerNorm, multiply by"
+            " the unembedding matrix, and read off logits.",
+            "Apply the final norm before the unembedding, lm_head(ln_f(h)): the unembedding was trained "
+                      "on normalised streams (and the pre-LN stream itself is never normalised)."),
+        "rows": Hint(
+            "how many rows your answer has, and what the first row reads.",
+            "The lens reads every stream: after the embedding, and after each of the N blocks.",
+            "One row per stream: the embedding's output first, then the stream after each of the n_layers "
+                "blocks, n_layers + 1 rows."),
     },
     solution=("lumen.inspect.lens.logit_lens", "lumen.inspect.lens.Lens.unembed"),
 )
@@ -319,14 +342,39 @@ LAYER, UNIT, TRIGGER = ..., ..., ...   # a block, a unit of its MLP, and the tok
         "task": "lumen.inspect.capture reads any named activation (the hidden units are 'blocks.<layer>.mlp_hidden'); "
                 "the value is the unit's column of W2, model.blocks[layer].mlp.down.weight[:, unit], read as the "
                 "model reads the stream: through model.ln_f's gain, then model.lm_head.",
-        "pre": "The hidden activation is after the nonlinearity: GELU(x W1), the input of W2, not x W1.",
-        "gain": "The model reads the stream through its final norm: multiply the value by the norm's gain "
-                "(model.ln_f.gain) before the unembedding.",
-        "centre": "A LayerNorm removes the mean of what it reads: subtract the value vector's mean first.",
-        "key": "The value is the unit's column of W2 (mlp.down.weight[:, unit]): what it writes; W1's row is the "
-               "key it reads with.",
-        "find": "Run `lumen neurons smollm2 --block 22 --windows 16` (or another block): it lists units whose "
-                "top contexts fire on one token; pick one and copy its block, unit and token (with its leading space).",
+        "pre": Hint(
+            "where you read the hidden units: before or after the nonlinearity.",
+            "MLP(x) = W2 GELU(W1 x): the hidden activation h = GELU(W1 x) is what W2 reads; each unit fires when "
+            "its key matches.",
+            "The hidden activation is after the nonlinearity: GELU(x W1), the input of W2, not x W1."),
+        "gain": Hint(
+            "how value_logits turns the value vector into logits: what the model does to the stream just before "
+            "the unembedding.",
+            "The final step of a language model: take the residual stream, apply the final LayerNorm, multiply by"
+            " the unembedding matrix. LN(x) = g * (x - mu) / sqrt(sigma^2 + eps) + b.",
+            "The model reads the stream through its final norm: multiply the value by the norm's gain "
+                "(model.ln_f.gain) before the unembedding."),
+        "centre": Hint(
+            "what the final LayerNorm does to a vector before the gain multiplies it.",
+            "LN(x) = g * (x - mu) / sqrt(sigma^2 + eps) + b: it subtracts the mean mu of the vector it reads, "
+            "then scales.",
+            "A LayerNorm removes the mean of what it reads: subtract the value vector's mean first."),
+        "key": Hint(
+            "which matrix, and which slice of it, you take the unit's vector from: the one that reads the stream "
+            "or the one that writes it.",
+            "Each column of W1 is a key pattern the input is matched against, and each row of W2 is the value "
+            "written into the stream when that key fires (the chapter's x W1, W2 are nn.Linear's weights "
+            "transposed).",
+            "The value is the unit's column of W2 (mlp.down.weight[:, unit]): what it writes; W1's row is the "
+               "key it reads with."),
+        "find": Hint(
+            "LAYER, UNIT and TRIGGER: whether that unit really fires on that token in SmolLM2 (its top contexts).",
+            "A unit is a key-value pair: it responds to a recognisable input pattern (Geva et al. 2021), so its "
+            "strongest activations sit on one token, and its value pushes the prediction toward specific next "
+            "tokens.",
+            "Run `lumen neurons smollm2 --block 22 --windows 16` (or another block): it lists units whose "
+                "top contexts fire on one token; pick one and copy its block, unit and token (with its leading "
+                "space)."),
     },
     solution=("lumen.inspect.neurons.value_logits", "lumen.inspect.neurons.top_activations"),
 )

@@ -100,11 +100,24 @@ def reachable_range(values):
     hints={
         "task": "Attention may put all its weight on a single token, and a mix of values never leaves their per- "
                 "coordinate range: the answer is a reduction over the tokens, one bound per coordinate.",
-        "axis": "One bound per coordinate: reduce over the tokens (axis 0 of (T, d)), not over the d coordinates.",
-        "extremes": "The mean is one output among many: weights may put everything on the token with the smallest "
-                    "(or largest) value of a coordinate.",
-        "tight": "No convex combination goes below the smallest value of a coordinate or above the largest: "
-                 "the range is exactly the values' per-coordinate minimum and maximum.",
+        "axis": Hint(
+            "the axis your min and max reduce over, and the shape of what they give for values of shape (T, d).",
+            "An attention head's output for token i is sum_j a_ij v_j, a convex combination of the value vectors:"
+            " weights non-negative, summing to one, one weight per token j.",
+            "One bound per coordinate: reduce over the tokens (axis 0 of (T, d)), not over the d coordinates."),
+        "extremes": Hint(
+            "what your bounds are built from: the mean of the values, or the values themselves.",
+            "sum_j a_ij v_j with a_ij >= 0 and sum_j a_ij = 1: whatever the head produces lies inside the cloud "
+            "of the values already in the sequence, and the weights may sit on any one token.",
+            "The mean is one output among many: weights may put everything on the token with the smallest "
+                    "(or largest) value of a coordinate."),
+        "tight": Hint(
+            "whether your range is wider or narrower than what some choice of weights can actually reach, "
+            "coordinate by coordinate.",
+            "A convex combination of numbers lies between the smallest and the largest of them, and putting all "
+            "the weight on one token reaches that token's value exactly.",
+            "No convex combination goes below the smallest value of a coordinate or above the largest: "
+                 "the range is exactly the values' per-coordinate minimum and maximum."),
     },
     solution=("lumen.attention.MultiHeadAttention.attend_plain",),
 )
@@ -218,7 +231,7 @@ class MLP(nn.Module):
             "MLP(x) = proj(GELU(fc(x))): without the nonlinearity, proj(fc(x)) is one linear map.",
             "Two matrices in a row are one matrix: put GELU between fc and proj."),
         "dropout": Hint(
-            "what forward does with the dropout rate, in training and after .eval().",
+            "what forward does with the dropout rate, in training and in evaluation mode.",
             "MLP(x) = Dropout(proj(GELU(fc(x)))): dropout on the output, in training only.",
             "Apply nn.Dropout(dropout) to the output: it drops in training and is the identity after "
                    ".eval(); a hand-written dropout must look at self.training."),
@@ -521,10 +534,20 @@ class SwiGLU(nn.Module):
     hints={
         "task": "Three bias-free linear maps; SiLU (F.silu) goes on the gate's output, which multiplies the up branch "
                 "element by element before w_down.",
-        "bias": "SwiGLU's three matrices have no biases: nn.Linear(d_model, d_ff, bias=False).",
-        "gate": "The SiLU goes on w_gate's output; w_up's passes linearly and is multiplied by the gate.",
-        "silu": "The gate is SiLU, F.silu(u) = u * sigmoid(u): that is the 'Swi' (Swish) of SwiGLU; GELU there "
-                "would be GeGLU (Gemma's).",
+        "bias": Hint(
+            "the three linear layers' constructor arguments: what each holds besides its weight.",
+            "SwiGLU(x) = W_down (SiLU(W_gate x) * W_up x): three matrices of size d x d_ff and nothing added.",
+            "SwiGLU's three matrices have no biases: nn.Linear(d_model, d_ff, bias=False)."),
+        "gate": Hint(
+            "which of the two expansions goes through the nonlinearity.",
+            "SwiGLU(x) = W_down (SiLU(W_gate x) * W_up x): the gate's branch is squashed, the up branch passes "
+            "linearly.",
+            "The SiLU goes on w_gate's output; w_up's passes linearly and is multiplied by the gate."),
+        "silu": Hint(
+            "the nonlinearity on the gate's branch: which function it is.",
+            "SiLU(x) = x sigma(x), the same idea as GELU = x Phi(x) with a sigmoid instead of Phi.",
+            "The gate is SiLU, F.silu(u) = u * sigmoid(u): that is the 'Swi' (Swish) of SwiGLU; GELU there "
+                "would be GeGLU (Gemma's)."),
     },
     solution=("lumen.block.SwiGLU",),
 )

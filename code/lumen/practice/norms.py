@@ -151,8 +151,8 @@ class LayerNorm(nn.Module):
         "task": "Per token: subtract the mean over the last axis, divide by the square root of the variance (dividing "
                 "by d) plus eps, then scale by g and shift by b.",
         "interface": Hint(
-            "the names your __init__ gives the gain and the bias, what they start as, and whether they are "
-            "nn.Parameter (print dict(LayerNorm(6).named_parameters())).",
+            "the names your __init__ gives the gain and the bias, what they start as, and whether the module "
+            "counts them as its parameters (print dict(LayerNorm(6).named_parameters())).",
             "LN(x) = (x - mean) / sqrt(var + eps) * g + b: g and b are learned per dimension, so parameters of "
             "d values each, starting where LN changes nothing (g = 1, b = 0).",
             "Use the chapter's names: self.g = nn.Parameter(torch.ones(d)) and self.b = nn.Parameter(torch.zeros(d)) "

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..block import BranchOutputNormBlock, SandwichBlock, TransformerBlock
 from .blocks import _Part
-from .exercise import Check, Context, Exercise, Mistake, Spec
+from .exercise import Check, Context, Exercise, Hint, Mistake, Spec
 from .probes import differs, expect_close, part, randn, randomise, tensor
 
 CLS = "SandwichBlock"
@@ -143,15 +143,34 @@ class SandwichBlock(nn.Module):
     hints={
         "task": "Pre-LN with one more norm per branch: the branch reads LN1(x), its output goes through LN1_post, "
                 "and that is added to x; then the same for the MLP, reading the updated x.",
-        "pre": "That is the chapter's pre-LN block: normalise each branch's output too before adding it, "
-               "x = x + LN1_post(Attn(LN1(x))).",
-        "stream": "The post norm goes on the branch's write, not on the sum: x = x + LN1_post(...), never "
-                  "x = LN1_post(x + ...) (that normalises the stream itself, as post-LN does).",
-        "olmo": "That is OLMo-2's block (x = x + LN(Attn(x))): the sandwich keeps the pre norm as well, so the "
-                "branch reads LN1(x).",
-        "swapped": "ln1 and ln2 normalise what the branch reads; ln1_post and ln2_post normalise what it writes.",
-        "dropout": "Dropout belongs to training: nn.Dropout is the identity after .eval(); do not apply your own "
-                   "dropout unconditionally.",
+        "pre": Hint(
+            "what happens to each branch's output before it is added to the stream.",
+            "The sandwich norms both sides of each branch: x = x + LN1_post(Attn(LN1(x))); x = x + "
+            "LN2_post(MLP(LN2(x))).",
+            "That is the chapter's pre-LN block: normalise each branch's output too before adding it, "
+               "x = x + LN1_post(Attn(LN1(x)))."),
+        "stream": Hint(
+            "what the post norm reads: the branch's write alone, or the stream after the add.",
+            "x = x + LN1_post(Attn(LN1(x))): the highway stays pure addition, as in pre-LN; only the write is "
+            "normalised.",
+            "The post norm goes on the branch's write, not on the sum: x = x + LN1_post(...), never "
+                  "x = LN1_post(x + ...) (that normalises the stream itself, as post-LN does)."),
+        "olmo": Hint(
+            "what each branch reads: the stream itself, or the stream normalised.",
+            "x = x + LN1_post(Attn(LN1(x))): a norm before the branch (as pre-LN) and one after it.",
+            "That is OLMo-2's block (x = x + LN(Attn(x))): the sandwich keeps the pre norm as well, so the "
+                "branch reads LN1(x)."),
+        "swapped": Hint(
+            "which of the four norms you apply where: before a branch or after it.",
+            "x = x + LN1_post(Attn(LN1(x))); x = x + LN2_post(MLP(LN2(x))): the plain norm on what the branch "
+            "reads, the _post one on what it writes.",
+            "ln1 and ln2 normalise what the branch reads; ln1_post and ln2_post normalise what it writes."),
+        "dropout": Hint(
+            "your block's output in evaluation mode: is it the same at every call?",
+            "Dropout zeros a random 10% of activations during training and scales the rest by 1/0.9; at inference"
+            " it is switched off.",
+            "Dropout belongs to training: nn.Dropout is the identity after .eval(); do not apply your own "
+                   "dropout unconditionally."),
     },
     solution=("lumen.block.SandwichBlock.forward", "lumen.block.TransformerBlock.from_config"),
 )
