@@ -127,18 +127,19 @@ def check_train(device: torch.device) -> None:
     shape = dict(layers=12, d_model=768, context=1024, batch=8, vocab=50304) if big(device) else \
         dict(layers=2, d_model=128, context=64, batch=2, vocab=512)
     args = argparse.Namespace(**shape, device=str(device), threads=0)
-    cfg, step = contender("lumen", True, True, args)
-    t0 = time.perf_counter()
-    for _ in range(3):  # compiles, then the optimizer's state and the allocator settle
-        step()
-    sync(device)
-    compile_s = time.perf_counter() - t0
+    cfg, step, settings = contender("lumen", True, True, args)
     steps = 10 if big(device) else 3
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync(device)
-    tok_s = steps * args.batch * args.context / (time.perf_counter() - t0)
+    with settings():  # the process-wide settings lumen's training loop runs its steps in
+        t0 = time.perf_counter()
+        for _ in range(3):  # compiles, then the optimizer's state and the allocator settle
+            step()
+        sync(device)
+        compile_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync(device)
+        tok_s = steps * args.batch * args.context / (time.perf_counter() - t0)
     flops = tok_s * training_flops_per_token(cfg, args.context)
     measured = matmul_peak(device, torch.bfloat16, n=8192 if big(device) else 1024)
     name, sheet = datasheet_peak(device)
@@ -175,7 +176,9 @@ def check_fsdp(device: torch.device) -> None:
                f"{summary.get('final_val_loss')}" if one.returncode == 0 else one.stderr.strip()[-600:])
         # (AdamW: the preset's Muon orthogonalises whole matrices, which FSDP splits between processes)
         fsdp = ("parallel='fsdp'", "optimizer='adamw'")
-        sharded = train(f"{tmp}/fsdp", *fsdp, "steps=10", torchrun=True)
+        # stopped by its time limit after a step or more (saved), then resumed: --resume continues a run only
+        # with the settings that define it, and the time limit is not one of them
+        sharded = train(f"{tmp}/fsdp", *fsdp, "max_time=0.001", torchrun=True)
         resumed = train(f"{tmp}/fsdp", *fsdp, torchrun=True, resume=True) if sharded.returncode == 0 else sharded
         if resumed.returncode != 0:
             report("fsdp torchrun", False, resumed.stderr.strip()[-600:])
@@ -186,7 +189,8 @@ def check_fsdp(device: torch.device) -> None:
         x = torch.tensor([[1, 2, 3, 4]], device=device)
         finite = bool(torch.isfinite(model(x)[0]).all())
         report("fsdp torchrun", ckpt.is_sharded(path) and ckpt.step_of(path) == 20 and finite,
-               f"1 process ({'nccl' if device.type == 'cuda' else 'gloo'}), 10 steps, resumed to 20: {path.name} "
+               f"1 process ({'nccl' if device.type == 'cuda' else 'gloo'}), stopped by max_time, resumed to 20: "
+               f"{path.name} "
                f"holds {sorted(p.name for p in (path / ckpt.SHARDS).iterdir())}, loaded back onto {device}")
 
 
