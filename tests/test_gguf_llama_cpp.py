@@ -21,6 +21,8 @@ from transformers import (
     MixtralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     PhiConfig,
@@ -65,6 +67,8 @@ MODELS = {
         **SHAPE | dict(intermediate_size=32), num_local_experts=4, num_experts_per_tok=2)),
     "qwen3moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
         **SHAPE, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
+    "olmoe": lambda: OlmoeForCausalLM(OlmoeConfig(  # (llama.cpp's OLMoE has as many key heads as query heads)
+        **SHAPE | dict(num_key_value_heads=4, intermediate_size=32), num_experts=4, num_experts_per_tok=2)),
 }
 IDS = torch.tensor([[5, 70, 3, 200, 17, 17, 99, 250, 1, 42, 8, 130, 263, 7]])
 # the noise floors: float32 files must agree to float32 rounding; a float16 file's weights are rounded to 11 bits,

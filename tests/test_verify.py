@@ -31,6 +31,8 @@ from transformers import (
     LlamaForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     PhiConfig,
@@ -75,6 +77,9 @@ FAMILIES = {
     "phi2": lambda: PhiForCausalLM(PhiConfig(**SHAPE)),
     "gptj": lambda: GPTJForCausalLM(GPTJConfig(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=96,
                                                rotary_dim=8)),
+    "olmoe": lambda: OlmoeForCausalLM(OlmoeConfig(**SHAPE | dict(intermediate_size=32), num_key_value_heads=2,
+                                                  num_experts=4, num_experts_per_tok=2, pad_token_id=0,
+                                                  bos_token_id=None, eos_token_id=1)),
     "smollm3": lambda: SmolLM3ForCausalLM(SmolLM3Config(**SHAPE | dict(num_hidden_layers=4), num_key_value_heads=2,
                                                         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
@@ -114,7 +119,8 @@ def test_receipt_passes_and_its_figures_are_right(tmp_path, capsys, family):
     assert code == 0 and r["passed"] and r["dtype"] == "float32"
     assert [c["text"] for c in r["comparisons"]] == ["built-in text", str(text)]
     # every figure again, from the two libraries' logits computed here
-    eager = {"experts_implementation": "eager"} if family == "qwen3_moe" else {}  # (grouped_mm has no float64)
+    moe = family in ("qwen3_moe", "olmoe")
+    eager = {"experts_implementation": "eager"} if moe else {}  # (grouped_mm has no float64)
     hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float64, **eager).eval()
     ours = lumen.formats.load(str(directory), dtype=torch.float64).model
     for c, words in zip(r["comparisons"], [FIXED_TEXT, text.read_text()]):
