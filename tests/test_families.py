@@ -484,3 +484,25 @@ def test_the_explorer_page_builds_for_each_family(name):
     with torch.no_grad():
         top = model(torch.tensor([tok.encode("hello world")]))[0][0].argmax(-1)
     assert logit_lens(model, tok.encode("hello world"), k=1).top_ids[-1][:, 0].tolist() == top.tolist()
+
+
+def test_lumen_convert_writes_phi3_unfused_and_transformers_reads_it_back(tmp_path, capsys):
+    """Phi-3's files fuse W_Q, W_K, W_V (qkv_proj) and W_gate, W_up (gate_up_proj); lumen holds them apart and
+    `lumen convert --to hf` writes them apart, as Mistral (Phi-3's math, Llama's layout, its window): the
+    directory loads in transformers and gives the original Phi-3's logits."""
+    import transformers
+
+    from lumen.cli import main
+
+    torch.manual_seed(0)
+    phi3 = SHAPES["phi3-window"]().eval()
+    phi3.save_pretrained(tmp_path / "phi3")
+    assert any("qkv_proj" in k for k in phi3.state_dict()) and any("gate_up_proj" in k for k in phi3.state_dict())
+    assert main(["convert", str(tmp_path / "phi3"), str(tmp_path / "out"), "--to", "hf"]) == 0
+    capsys.readouterr()
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    names = set(back.state_dict())
+    assert back.config.model_type == "mistral" and not any("qkv_proj" in k or "gate_up_proj" in k for k in names)
+    idx = torch.randint(0, V, (1, 30), generator=torch.Generator().manual_seed(6))  # (past the window of 7)
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx).logits, phi3(idx).logits, atol=1e-5, rtol=0)

@@ -163,3 +163,63 @@ def test_rope_freqs_no_llama3_scaling_reproduces_are_refused(tmp_path):
     del reader
     with pytest.raises(GGUFError, match="rope_freqs.weight"):
         read_gguf(path)
+
+
+# --- llama.cpp's own logits (llama-cpp-python: `make llama-cpp`), the second reference of `lumen verify` ----------
+def llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        pytest.skip("llama-cpp-python is not installed (`make llama-cpp` builds it): no llama.cpp logits to compare")
+    return llama_cpp
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_verify_against_llama_cpp_on_a_converted_file(tmp_path, capsys, kind):
+    """`lumen verify` on the converter's float32 file: llama.cpp's logits (read here through llama-cpp-python,
+    independently of lumen.formats.verify) are transformers' logits on the original weights to float32's floor,
+    and the receipt's llama.cpp figures are lumen's logits against those."""
+    import json
+
+    from lumen.cli import main
+    from lumen.formats.verify import FIXED_TEXT
+
+    module = llama_cpp()
+    model, directory = hf_dir(tmp_path, kind)
+    path = convert(directory, tmp_path / f"{kind}.gguf")
+    steps = 8
+    assert main(["verify", str(path), "--steps", str(steps), "--json"]) in (0, 1)
+    r = json.loads(capsys.readouterr().out)
+    theirs = [c for c in r["comparisons"] if c["against"] == "llama.cpp"]
+    assert len(theirs) == 1, r["notes"]
+    c = theirs[0]
+    ids = load(str(path)).tokenizer.encode(FIXED_TEXT)[: 64 - steps]
+    llm = module.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_ubatch=64, logits_all=True, verbose=False,
+                       type_k=module.GGML_TYPE_F32, type_v=module.GGML_TYPE_F32)
+    llm.eval(ids)
+    theirs_logits = torch.from_numpy(llm.scores[: len(ids)].copy()).double()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].double()
+        ours = load(str(path)).model(torch.tensor([ids]))[0][0].double()
+    assert relative(theirs_logits, ref) < TOLERANCE["f32"]  # llama.cpp computes what transformers computes
+    assert c["max_abs"] == pytest.approx(float((ours - theirs_logits).abs().max()), rel=1e-3, abs=1e-7)
+    assert c["relative"] < 5e-5 and c["threshold"] == 5e-5 and c["greedy_must_agree"]
+    assert c["greedy_lumen"] == c["greedy_reference"] and c["top1"] == 1.0 and c["passed"], c
+
+
+def test_verify_against_llama_cpp_on_rounded_files(tmp_path, capsys):
+    """A float16 and a q8_0 file: llama.cpp rounds the activations too (to 16 bits; to 8 bits per block of 32),
+    so its floor is the file's: within it, and (as measured) above float32's."""
+    import json
+
+    from lumen.cli import main
+    from lumen.formats.verify import LLAMA_CPP_FLOORS
+
+    llama_cpp()
+    _, directory = hf_dir(tmp_path, "qwen2")
+    for outtype, kind in (("f16", "16-bit"), ("q8_0", "quantized")):
+        path = convert(directory, tmp_path / f"qwen2-{outtype}.gguf", outtype)
+        assert main(["verify", str(path), "--steps", "4", "--json"]) == 0
+        c = next(c for c in json.loads(capsys.readouterr().out)["comparisons"] if c["against"] == "llama.cpp")
+        assert c["threshold"] == LLAMA_CPP_FLOORS[kind] and not c["greedy_must_agree"]
+        assert 5e-5 < c["relative"] < LLAMA_CPP_FLOORS[kind], (outtype, c["relative"])

@@ -350,3 +350,22 @@ def test_llama_cpp_missing_or_refusing_is_a_note(tmp_path, capsys, monkeypatch):
     assert code == 0 and len(r["comparisons"]) == 1
     assert r["notes"][0].startswith("llama.cpp: not compared (llama-cpp-python 9.9 cannot load tiny.gguf: "
                                     "ValueError: Failed to load model")
+
+
+@pytest.mark.slow
+def test_smollm2_receipt_against_transformers_and_llama_cpp(smollm2_gguf, capsys):
+    """`lumen verify smollm2`: transformers' reading of the Q4_1 file to float32's floor; llama.cpp's (when
+    llama-cpp-python is installed) within the quantized floor, its activations rounded to 8 bits."""
+    code = main(["verify", "smollm2", "--steps", "8", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert code == 0 and r["passed"]
+    hf, *rest = r["comparisons"]
+    assert hf["against"] == "transformers" and hf["relative"] < 5e-5 and hf["greedy_lumen"] == hf["greedy_reference"]
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        assert rest == [] and "not installed" in r["notes"][0]
+        pytest.skip("llama-cpp-python is not installed (`make llama-cpp` builds it): transformers' half checked")
+    (theirs,) = rest
+    assert theirs["against"] == "llama.cpp" and theirs["threshold"] == LLAMA_CPP_FLOORS["quantized"]
+    assert 5e-5 < theirs["relative"] < LLAMA_CPP_FLOORS["quantized"] and theirs["top1"] > 0.9
