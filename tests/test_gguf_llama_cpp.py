@@ -177,12 +177,13 @@ def llama_cpp():
 @pytest.mark.parametrize("kind", MODELS)
 def test_verify_against_llama_cpp_on_a_converted_file(tmp_path, capsys, kind):
     """`lumen verify` on the converter's float32 file: llama.cpp's logits (read here through llama-cpp-python,
-    independently of lumen.formats.verify) are transformers' logits on the original weights to float32's floor,
-    and the receipt's llama.cpp figures are lumen's logits against those."""
+    independently of lumen.formats.verify) are transformers' logits on the original weights to float32's floor
+    (a GELU family's to the 16-bit one: llama.cpp's GELU is a float16 table), and the receipt's llama.cpp figures
+    are lumen's logits against those."""
     import json
 
     from lumen.cli import main
-    from lumen.formats.verify import FIXED_TEXT
+    from lumen.formats.verify import FIXED_TEXT, LLAMA_CPP_FLOORS
 
     module = llama_cpp()
     model, directory = hf_dir(tmp_path, kind)
@@ -201,10 +202,13 @@ def test_verify_against_llama_cpp_on_a_converted_file(tmp_path, capsys, kind):
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].double()
         ours = load(str(path)).model(torch.tensor([ids]))[0][0].double()
-    assert relative(theirs_logits, ref) < TOLERANCE["f32"]  # llama.cpp computes what transformers computes
+    gelu = load(str(path)).model.cfg.activation.startswith("gelu")
+    floor = LLAMA_CPP_FLOORS["16-bit" if gelu else "float32"]
+    assert relative(theirs_logits, ref) < floor  # llama.cpp computes what transformers computes
     assert c["max_abs"] == pytest.approx(float((ours - theirs_logits).abs().max()), rel=1e-3, abs=1e-7)
-    assert c["relative"] < 5e-5 and c["threshold"] == 5e-5 and c["greedy_must_agree"]
-    assert c["greedy_lumen"] == c["greedy_reference"] and c["top1"] == 1.0 and c["passed"], c
+    assert c["relative"] < floor and c["threshold"] == floor and c["greedy_must_agree"] != gelu and c["passed"], c
+    if not gelu:
+        assert c["greedy_lumen"] == c["greedy_reference"] and c["top1"] == 1.0
 
 
 def test_verify_against_llama_cpp_on_rounded_files(tmp_path, capsys):

@@ -326,6 +326,9 @@ def test_without_transformers_reading_llama_cpp_alone(tmp_path, capsys, fake_lla
     write_gguf(path, tiny_model(tie=True, arch="gemma"), arch="gemma")
     code, r = receipt(capsys, str(path))
     assert code == 0 and [c["against"] for c in r["comparisons"]] == ["llama.cpp"]
+    # a float32 file, but Gemma's GELU: llama.cpp reads it from a float16 table, so the 16-bit floor
+    (c,) = r["comparisons"]
+    assert c["threshold"] == LLAMA_CPP_FLOORS["16-bit"] and not c["greedy_must_agree"]
     assert len(r["notes"]) == 1 and "transformers: not compared" in r["notes"][0]
     assert "cannot read this GGUF architecture" in r["notes"][0]
     assert r["comparisons"][0]["relative"] == pytest.approx(llama_cpp_figures(path, gguf_ids(path), None)["relative"],

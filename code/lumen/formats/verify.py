@@ -48,7 +48,9 @@ TRANSFORMERS, LLAMA_CPP = "transformers", "llama.cpp"
 # - float32 matrices: llama.cpp multiplies in float32, in its own order of sums: float32's floor, 5e-5 (measured:
 #   4e-7 on llama.cpp-converted tiny models);
 # - 16-bit matrices: the activations each one multiplies are rounded to float16 (bfloat16) first: measured 3.7e-4
-#   on a float16 file; bfloat16 keeps 3 bits fewer (8x that), so 1e-2, bfloat16's floor for lumen too;
+#   on a float16 file; bfloat16 keeps 3 bits fewer (8x that), so 1e-2, bfloat16's floor for lumen too. A float32
+#   file of a GELU family (Gemma, Phi-2) is here too: llama.cpp's GELU looks its input up in a float16 table
+#   (measured 2.8e-4 on a converted tiny Gemma 2);
 # - quantized matrices: the activations are rounded to 8 bits per block of 32 first (q8_0, q8_1, q8_K): measured
 #   3.3e-2 on SmolLM2's Q4_1 file (lumen in float64 the same: the difference is llama.cpp's rounding), so 1e-1,
 #   with room for longer texts and deeper models; the KL and top-1 agreement printed beside it say more.
@@ -172,6 +174,13 @@ def matrix_kind(path: Path) -> str:
     return "16-bit" if kinds <= {Q.F32, Q.F16, Q.BF16} else "quantized"
 
 
+def llama_cpp_rounding(path: Path, activation: str) -> str:
+    """Which of LLAMA_CPP_FLOORS llama.cpp's forward pass on this file is within: its matrices' kind, and at least
+    "16-bit" for a GELU (llama.cpp reads GELU(x) from a table indexed by x in float16, its value a float16)."""
+    kind = matrix_kind(path)
+    return "16-bit" if kind == "float32" and activation.startswith("gelu") else kind
+
+
 class LlamaCpp:
     """llama.cpp's forward pass on a GGUF file, through llama-cpp-python (`Llama(..., logits_all=True)`): every
     position's logits, and a greedy continuation llama.cpp decodes with its own KV cache (kept in float32, so
@@ -265,7 +274,7 @@ def verify(spec: str, texts: dict[str, str], dtype: str = "float32", steps: int 
             raise
         reference = None
         notes.append(f"transformers: not compared ({e})")
-    floor = max(THRESHOLDS[dtype], LLAMA_CPP_FLOORS[matrix_kind(path)]) if llama is not None else 0.0
+    floor = max(THRESHOLDS[dtype], LLAMA_CPP_FLOORS[llama_cpp_rounding(path, model.cfg.activation)]) if llama else 0.0
     exact = dtype == "float32" and floor == THRESHOLDS["float32"]
     out = []
     with torch.no_grad():
