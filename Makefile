@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo test test-slow test-fast lint typecheck bench saelens-venv cross
+.PHONY: all setup demo test test-slow test-fast lint typecheck bench saelens-venv cross llama-cpp
 
 all: demo
 
@@ -45,7 +45,7 @@ test: lint typecheck
 
 # the slow tier: every real-model comparison, compiled paths, subprocesses and training runs, a fresh install,
 # and every command of the README and docs as a newcomer types them (about an hour on 2 cores)
-test-slow: setup saelens-venv cross
+test-slow: setup saelens-venv cross llama-cpp
 	$(BIN)/python -m pytest -q -m slow
 
 # ARM64's kernels are tested under emulation: Debian's cross compiler and qemu-user (skipped, named, without them)
@@ -62,6 +62,26 @@ saelens-venv:
 	test -x $(SAELENS)/bin/python || $(PY) -m venv $(SAELENS)
 	$(SAELENS)/bin/python -c "import sae_lens" 2>/dev/null || { $(SAELENS)/bin/python -m pip install -q torch==2.13.0 \
 	  && $(SAELENS)/bin/python -m pip install -q sae-lens==6.54.12 torch==2.13.0; }
+
+# llama-cpp-python (llama.cpp compiled for this CPU) in the project's environment: `lumen verify` on a GGUF file
+# compares lumen's logits with llama.cpp's through it (the slow tier: tests/test_gguf_llama_cpp.py). Its wheel is
+# compiled once from the PyPI sdist into the user cache (~35 min on 2 busy cores: the library alone, no tools, no
+# multimodal part) and installed from there. Built for x86-64's AVX2 (and AVX-512 where the CPU has it) but not
+# AMX: GGML_NATIVE=ON crashed in AMX kernels on a VM that reports AMX without running it. Skipped, with a line
+# saying so, where it cannot be built
+LLAMA_CPP := $(HOME)/.cache/lumen-tools/wheels
+LLAMA_CPP_VERSION := 0.3.36
+AVX512 := $(if $(shell grep -ow avx512f /proc/cpuinfo 2>/dev/null | head -1),ON,OFF)
+LLAMA_CPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+  -DGGML_AVX512=$(AVX512) -DGGML_AVX512_VBMI=$(AVX512) -DGGML_AVX512_VNNI=$(AVX512) -DGGML_AVX512_BF16=$(AVX512) \
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
+llama-cpp: setup
+	@$(BIN)/python -c "import llama_cpp" 2>/dev/null || { ls $(LLAMA_CPP)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl \
+	  >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CPP_CMAKE)" $(BIN)/python -m pip wheel -q --no-deps \
+	  --no-binary llama-cpp-python -w $(LLAMA_CPP) llama-cpp-python==$(LLAMA_CPP_VERSION); $(BIN)/python -m pip install -q \
+	  $(LLAMA_CPP)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl; } || echo "llama-cpp-python not built: the llama.cpp \
+	comparisons of lumen verify are skipped (needs cmake and a C++ compiler)"
 
 # the inner loop: the unit tests alone (no real model, no compiling)
 test-fast: setup

@@ -49,6 +49,8 @@ FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", SMALL | {"num_key_value_heads": 2, "head_dim": 16,
                                                                     "moe_intermediate_size": 16, "num_experts": 4,
                                                                     "num_experts_per_tok": 2}),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", SMALL | {"num_key_value_heads": 2, "intermediate_size": 16,
+                                                          "num_experts": 4, "num_experts_per_tok": 2}),
 }
 # keys that do not describe the model: how transformers returns results, which precision to load in (lumen's own
 # choice, --dtype), bookkeeping; and "model_type", which names another family altogether

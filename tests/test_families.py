@@ -40,6 +40,7 @@ PUBLISHED = {  # total parameters as the model cards / the Pythia paper give the
 PUBLISHED |= {  # families-b: the model cards' totals (Gemma 2: its technical report; SmolLM3: the hub's count)
     "gemma2-2b": 2_614_341_888, "gemma2-9b": 9_241_705_984, "smollm3-3b": 3_075_098_624,
     "gemma3-270m": 268_098_176, "gemma3-1b": 999_885_952, "qwen3-30b-a3b": 30_532_122_624,
+    "olmoe-1b-7b": 6_919_161_856,  # OLMoE-1B-7B-0924: the hub lists 6.92B (its name: "1B active, 7B total")
 }
 
 
@@ -54,7 +55,7 @@ PUBLISHED |= {
 FAMILIES_A = ("llama3.2-1b", "llama3.1-8b", "qwen2.5-0.5b", "qwen3-0.6b", "olmo2-7b", "phi3-mini", "phi-2", "gpt-j-6b")
 
 
-@pytest.mark.parametrize("name", FAMILIES_A)
+@pytest.mark.parametrize("name", FAMILIES_A + ("olmoe-1b-7b",))
 def test_count_equals_transformers_own_model_of_the_preset(name):
     """The preset written as config.json and built by transformers (on the meta device: shapes only) has the
     same parameters, tensor by tensor in total, as lumen's count: an independent count of the real architecture."""
@@ -219,7 +220,7 @@ def test_the_q_and_k_sites_after_their_norms_are_the_norm_formulas(name):
 # tiny random-weight models from transformers' own config classes (helpers.families.SHAPES); every test below
 # runs on each of them
 
-FAMILIES_B = [n for n in SHAPES if n.split("-")[0] in ("gemma2", "smollm3", "gemma3", "qwen3moe")]
+FAMILIES_B = [n for n in SHAPES if n.split("-")[0] in ("gemma2", "smollm3", "gemma3", "qwen3moe", "olmoe")]
 # the first shape of each family in the default tier, the others in the slow one (the default tier's budget)
 _FIRST = {n.split("-")[0]: n for n in reversed(FAMILIES_B)}.values()
 FAMILIES_B = [n if n in _FIRST else pytest.param(n, marks=pytest.mark.slow) for n in FAMILIES_B]
@@ -315,6 +316,8 @@ def test_a_mixture_of_experts_counts_its_active_parameters():
     expert = 3 * cfg.d_model * cfg.hidden
     assert c.total - c.active == cfg.n_layers * (cfg.n_experts - cfg.experts_per_token) * expert
     assert 3.3e9 <= c.active < 3.4e9  # (the card: "3.3B activated")
+    olmoe = count(ModelConfig.from_name("olmoe-1b-7b"))
+    assert 1.2e9 <= olmoe.active < 1.3e9  # (OLMoE's paper: "1.3B active"; its name rounds it to 1B)
     dense = cfg.replace(n_experts=cfg.experts_per_token, name="the same with only 8 experts")
     routers = 2 * cfg.n_layers * cfg.d_model * (cfg.n_experts - cfg.experts_per_token)  # (the only difference)
     assert forward_flops_per_token(cfg, 1)["weights"] - forward_flops_per_token(dense, 1)["weights"] == routers
@@ -326,6 +329,7 @@ TOOLS_B = {  # each preset shrunk, its details kept (and made to bite: small win
     "gemma3-1b": dict(n_layers=7, n_kv_heads=2, d_head=16, sliding_window=5, rope_theta=1000.0, rope_local_theta=10.0),
     "smollm3-3b": dict(n_layers=4, n_kv_heads=2, rope_layers=(True, False)),
     "qwen3-30b-a3b": dict(n_layers=2, n_kv_heads=2, d_head=16, n_experts=4, experts_per_token=2),
+    "olmoe-1b-7b": dict(n_layers=2, n_kv_heads=2, n_experts=4, experts_per_token=2),
 }
 
 
@@ -480,3 +484,25 @@ def test_the_explorer_page_builds_for_each_family(name):
     with torch.no_grad():
         top = model(torch.tensor([tok.encode("hello world")]))[0][0].argmax(-1)
     assert logit_lens(model, tok.encode("hello world"), k=1).top_ids[-1][:, 0].tolist() == top.tolist()
+
+
+def test_lumen_convert_writes_phi3_unfused_and_transformers_reads_it_back(tmp_path, capsys):
+    """Phi-3's files fuse W_Q, W_K, W_V (qkv_proj) and W_gate, W_up (gate_up_proj); lumen holds them apart and
+    `lumen convert --to hf` writes them apart, as Mistral (Phi-3's math, Llama's layout, its window): the
+    directory loads in transformers and gives the original Phi-3's logits."""
+    import transformers
+
+    from lumen.cli import main
+
+    torch.manual_seed(0)
+    phi3 = SHAPES["phi3-window"]().eval()
+    phi3.save_pretrained(tmp_path / "phi3")
+    assert any("qkv_proj" in k for k in phi3.state_dict()) and any("gate_up_proj" in k for k in phi3.state_dict())
+    assert main(["convert", str(tmp_path / "phi3"), str(tmp_path / "out"), "--to", "hf"]) == 0
+    capsys.readouterr()
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    names = set(back.state_dict())
+    assert back.config.model_type == "mistral" and not any("qkv_proj" in k or "gate_up_proj" in k for k in names)
+    idx = torch.randint(0, V, (1, 30), generator=torch.Generator().manual_seed(6))  # (past the window of 7)
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx).logits, phi3(idx).logits, atol=1e-5, rtol=0)

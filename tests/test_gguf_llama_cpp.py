@@ -21,6 +21,8 @@ from transformers import (
     MixtralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     PhiConfig,
@@ -65,6 +67,8 @@ MODELS = {
         **SHAPE | dict(intermediate_size=32), num_local_experts=4, num_experts_per_tok=2)),
     "qwen3moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
         **SHAPE, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
+    "olmoe": lambda: OlmoeForCausalLM(OlmoeConfig(  # (llama.cpp's OLMoE has as many key heads as query heads)
+        **SHAPE | dict(num_key_value_heads=4, intermediate_size=32), num_experts=4, num_experts_per_tok=2)),
 }
 IDS = torch.tensor([[5, 70, 3, 200, 17, 17, 99, 250, 1, 42, 8, 130, 263, 7]])
 # the noise floors: float32 files must agree to float32 rounding; a float16 file's weights are rounded to 11 bits,
@@ -76,9 +80,9 @@ def relative(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return float((ours - ref).abs().max() / ref.abs().max())
 
 
-def hf_dir(tmp_path, kind: str):
+def hf_dir(tmp_path, kind: str, models=MODELS):
     torch.manual_seed(hash(kind) % 1000)
-    model = MODELS[kind]().eval()
+    model = models[kind]().eval()
     with torch.no_grad():  # norms away from their initial values, so a dropped or unfolded gain would show
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -159,3 +163,75 @@ def test_rope_freqs_no_llama3_scaling_reproduces_are_refused(tmp_path):
     del reader
     with pytest.raises(GGUFError, match="rope_freqs.weight"):
         read_gguf(path)
+
+
+# --- llama.cpp's own logits (llama-cpp-python: `make llama-cpp`), the second reference of `lumen verify` ----------
+def llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        pytest.skip("llama-cpp-python is not installed (`make llama-cpp` builds it): no llama.cpp logits to compare")
+    return llama_cpp
+
+
+# llama.cpp runs Phi-2 with an MLP 4 d_model wide whatever the file says (its converter writes 4 d_model too)
+LLAMA_CPP_MODELS = MODELS | {"phi2": lambda: PhiForCausalLM(PhiConfig(
+    **SHAPE | dict(num_key_value_heads=4, intermediate_size=4 * SHAPE["hidden_size"]), partial_rotary_factor=0.5))}
+
+
+@pytest.mark.parametrize("kind", LLAMA_CPP_MODELS)
+def test_verify_against_llama_cpp_on_a_converted_file(tmp_path, capsys, kind):
+    """`lumen verify` on the converter's float32 file: llama.cpp's logits (read here through llama-cpp-python,
+    independently of lumen.formats.verify) are transformers' logits on the original weights to float32's floor
+    (a GELU family's to the 16-bit one: llama.cpp's GELU is a float16 table), and the receipt's llama.cpp figures
+    are lumen's logits against those."""
+    import json
+
+    from lumen.cli import main
+    from lumen.formats.verify import FIXED_TEXT, LLAMA_CPP_FLOORS
+
+    module = llama_cpp()
+    model, directory = hf_dir(tmp_path, kind, LLAMA_CPP_MODELS)
+    # (the file's general.name is the directory's: llama.cpp gives a model named "phi3" Phi-3's special tokens,
+    # which the tests' tiny vocabulary lacks)
+    directory = directory.rename(tmp_path / "tiny")
+    path = convert(directory, tmp_path / f"{kind}.gguf")
+    steps = 8
+    assert main(["verify", str(path), "--steps", str(steps), "--json"]) in (0, 1)
+    r = json.loads(capsys.readouterr().out)
+    theirs = [c for c in r["comparisons"] if c["against"] == "llama.cpp"]
+    assert len(theirs) == 1, r["notes"]
+    c = theirs[0]
+    ids = load(str(path)).tokenizer.encode(FIXED_TEXT)[: 64 - steps]
+    llm = module.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_ubatch=64, logits_all=True, verbose=False,
+                       type_k=module.GGML_TYPE_F32, type_v=module.GGML_TYPE_F32)
+    llm.eval(ids)
+    theirs_logits = torch.from_numpy(llm.scores[: len(ids)].copy()).double()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].double()
+        ours = load(str(path)).model(torch.tensor([ids]))[0][0].double()
+    gelu = load(str(path)).model.cfg.activation.startswith("gelu")
+    floor = LLAMA_CPP_FLOORS["16-bit" if gelu else "float32"]
+    assert relative(theirs_logits, ref) < floor  # llama.cpp computes what transformers computes
+    assert c["max_abs"] == pytest.approx(float((ours - theirs_logits).abs().max()), rel=1e-3, abs=1e-7)
+    assert c["relative"] < floor and c["threshold"] == floor and c["greedy_must_agree"] != gelu and c["passed"], c
+    if not gelu:
+        assert c["greedy_lumen"] == c["greedy_reference"] and c["top1"] == 1.0
+
+
+def test_verify_against_llama_cpp_on_rounded_files(tmp_path, capsys):
+    """A float16 and a q8_0 file: llama.cpp rounds the activations too (to 16 bits; to 8 bits per block of 32),
+    so its floor is the file's: within it, and (as measured) above float32's."""
+    import json
+
+    from lumen.cli import main
+    from lumen.formats.verify import LLAMA_CPP_FLOORS
+
+    llama_cpp()
+    _, directory = hf_dir(tmp_path, "qwen2")
+    for outtype, kind in (("f16", "16-bit"), ("q8_0", "quantized")):
+        path = convert(directory, tmp_path / f"qwen2-{outtype}.gguf", outtype)
+        assert main(["verify", str(path), "--steps", "4", "--json"]) == 0
+        c = next(c for c in json.loads(capsys.readouterr().out)["comparisons"] if c["against"] == "llama.cpp")
+        assert c["threshold"] == LLAMA_CPP_FLOORS[kind] and not c["greedy_must_agree"]
+        assert 5e-5 < c["relative"] < LLAMA_CPP_FLOORS[kind], (outtype, c["relative"])

@@ -492,5 +492,12 @@ PRESETS |= {
         d_head=128, d_ff=768, rope_theta=1000000.0, norm_eps=1e-6, tie_embeddings=False, qk_norm="head",
         n_experts=128, experts_per_token=8, norm_topk_prob=True,
     ),
+    # OLMoE: OLMo's q/k norms over the whole projection in a pre-LN block; each MLP 64 SwiGLU experts of width
+    # 1024, of which 8 run per token, their router weights as the softmax gave them (not renormalised)
+    "olmoe-1b-7b": _llama(
+        "olmoe-1b-7b", vocab_size=50304, context=4096, d_model=2048, n_layers=16, n_heads=16, d_ff=1024,
+        norm_eps=1e-5, tie_embeddings=False, qk_norm="projection", n_experts=64, experts_per_token=8,
+        norm_topk_prob=False,
+    ),
 }
 

@@ -140,3 +140,18 @@ SHAPES |= {
         num_experts_per_tok=3, norm_topk_prob=False, tie_word_embeddings=True)),
 }
 HF_CLASSES |= {"gemma3_text": Gemma3ForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}
+
+# OLMoE: q/k norms over the whole projection in a pre-LN block, experts whose top-k weights are not renormalised
+from transformers import OlmoeConfig, OlmoeForCausalLM  # noqa: E402
+
+SHAPES |= {
+    "olmoe-top2-raw-gqa": lambda: OlmoeForCausalLM(OlmoeConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=48, num_experts=6, num_experts_per_tok=2,
+        pad_token_id=0, bos_token_id=None, eos_token_id=1)),
+    "olmoe-top3-normed-tied": lambda: OlmoeForCausalLM(OlmoeConfig(
+        vocab_size=V, hidden_size=48, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+        max_position_embeddings=48, num_experts=5, num_experts_per_tok=3, norm_topk_prob=True,
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=1)),
+}
+HF_CLASSES |= {"olmoe": OlmoeForCausalLM}

@@ -143,4 +143,12 @@ ARCHITECTURES |= {
                      "d_ff": "expert_feed_forward_length"},
         experts=EXPERTS,
     ),
+    # OLMoE: a pre-LN block with OLMo's q/k norms over the whole projection (llama.cpp: of width d_model, so
+    # keys as many heads as queries) and a router over SwiGLU experts, top-k weights as the softmax gave them
+    "olmoe": Architecture(
+        _LLAMA_FIELDS | dict(qk_norm="projection", norm_topk_prob=False),
+        {k: v for k, v in LLAMA_BLOCK.items() if not k.startswith("ffn_") or k == "ffn_norm.weight"}
+        | QK_NORM_TENSORS | {"ffn_gate_inp.weight": "mlp.router.weight"},
+        meta_fields={"n_experts": "expert_count", "experts_per_token": "expert_used_count"}, experts=EXPERTS,
+    ),
 }

@@ -47,10 +47,10 @@ FAMILIES += ("qwen3", "olmo2", "phi3", "phi", "gptj")
 ARCHITECTURES |= {"qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi": "PhiForCausalLM",
                   "gptj": "GPTJForCausalLM"}
 # families-b: per-layer windows and RoPE, sandwich norms, soft-capping, mixtures of experts
-FAMILIES_B = ("gemma2", "gemma3_text", "smollm3", "qwen3_moe")
+FAMILIES_B = ("gemma2", "gemma3_text", "smollm3", "qwen3_moe", "olmoe")
 FAMILIES += FAMILIES_B
 ARCHITECTURES |= {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                  "qwen3_moe": "Qwen3MoeForCausalLM"}
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 # lumen's kinds of attention layer (ModelConfig.layer_types) in HF's spelling
 HF_LAYER_TYPES = {"full": "full_attention", "sliding": "sliding_attention"}
 
@@ -117,10 +117,13 @@ def _family_b(cfg: ModelConfig) -> str | None:
             return "smollm3"
         if cfg.n_experts is not None and cfg.qk_norm == "head" and all(cfg.rope_layers):
             return "qwen3_moe"
+        if cfg.n_experts is not None and cfg.qk_norm == "projection" and all(cfg.rope_layers) and cfg.d_head is None:
+            return "olmoe"
     raise ModelFileError(
         f"config {cfg.name!r} matches no Hugging Face architecture: Gemma 2 needs rmsnorm_offset + geglu + sandwich "
         "norms + scale_embeddings (Gemma 3: + per-head q/k norms, no soft-caps); SmolLM3 is Llama with rope_layers; "
-        "Qwen3-MoE is Qwen3 (per-head q/k norms) with n_experts"
+        "Qwen3-MoE is Qwen3 (per-head q/k norms) with n_experts; OLMoE is Llama with q/k norms over the whole "
+        "projection (and d_head = d_model / n_heads) and n_experts"
     )
 
 
@@ -144,6 +147,9 @@ def _config_to_hf_b(cfg: ModelConfig, fam: str, out: dict) -> dict:
                 "num_experts": cfg.n_experts, "num_experts_per_tok": cfg.experts_per_token,
                 "moe_intermediate_size": cfg.hidden, "norm_topk_prob": cfg.norm_topk_prob,
                 "decoder_sparse_step": 1, "mlp_only_layers": []}
+    if fam == "olmoe":  # (its expert width is intermediate_size, set above)
+        out |= {"attention_bias": False, "clip_qkv": None, "num_experts": cfg.n_experts,
+                "num_experts_per_tok": cfg.experts_per_token, "norm_topk_prob": cfg.norm_topk_prob}
     if fam == "smollm3":
         out |= {"attention_bias": False, "mlp_bias": False, "use_sliding_window": False, "sliding_window": None,
                 "no_rope_layers": [int(r) for r in cfg.per_layer(cfg.rope_layers)],  # (HF: 1 = has RoPE)
@@ -193,9 +199,17 @@ def _config_from_hf_b(c: dict, kind: str, name: str) -> ModelConfig:
             query_pre_attn_scalar=c.get("query_pre_attn_scalar", 256),
             attn_softcap=c.get("attn_logit_softcapping"), final_softcap=c.get("final_logit_softcapping"),
             qk_norm="head" if gemma3 else None, rope_local_theta=local_theta if local_theta != theta else None))
-    if kind == "qwen3_moe":
+    if kind in ("qwen3_moe", "olmoe"):
+        what = {"qwen3_moe": "Qwen3-MoE", "olmoe": "OLMoE"}[kind]
         if c.get("hidden_act", "silu") != "silu":
-            raise ModelFileError(f"Qwen3-MoE hidden_act {c['hidden_act']!r} is not supported (only silu)")
+            raise ModelFileError(f"{what} hidden_act {c['hidden_act']!r} is not supported (only silu)")
+        if c.get("clip_qkv") is not None:  # OLMoE: queries, keys and values clamped to [-clip_qkv, clip_qkv]
+            raise ModelFileError(f"OLMoE configs with clip_qkv={c['clip_qkv']!r} (q, k, v clamped) are not supported")
+        if kind == "olmoe":  # its experts' width is intermediate_size; its q/k norms span the whole projection
+            c = c | {"moe_intermediate_size": c["intermediate_size"]}
+            if shape["d_head"] is not None:
+                raise ModelFileError(f"OLMoE configs with head_dim={c['head_dim']!r} other than hidden_size / "
+                                     "num_attention_heads are not supported")
         if c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1:
             key = "mlp_only_layers" if c.get("mlp_only_layers") else "decoder_sparse_step"
             raise ModelFileError(f"Qwen3-MoE configs with dense layers among the experts' ({key}={c[key]!r}) are not "
@@ -209,7 +223,8 @@ def _config_from_hf_b(c: dict, kind: str, name: str) -> ModelConfig:
         if not isinstance(norm_topk, bool):
             raise ModelFileError(f"'norm_topk_prob' must be true or false, got {norm_topk!r}")
         return ModelConfig(**shape | dict(
-            d_ff=c["moe_intermediate_size"], tie_embeddings=c.get("tie_word_embeddings", False), qk_norm="head",
+            d_ff=c["moe_intermediate_size"], tie_embeddings=c.get("tie_word_embeddings", False),
+            qk_norm="head" if kind == "qwen3_moe" else "projection",
             n_experts=c["num_experts"], experts_per_token=c["num_experts_per_tok"], norm_topk_prob=norm_topk))
     if kind == "smollm3":
         act = c.get("hidden_act", "silu")
@@ -643,13 +658,15 @@ _GEMMA2_BLOCK = _LLAMA_BLOCK | {
     "ln1_post.g": "post_attention_layernorm.weight", "ln2.g": "pre_feedforward_layernorm.weight",
     "ln2_post.g": "post_feedforward_layernorm.weight",
 }
-_TOP |= {"gemma2": _LLAMA_TOP, "smollm3": _LLAMA_TOP, "gemma3_text": _LLAMA_TOP, "qwen3_moe": _LLAMA_TOP}
-# Qwen3-MoE: Qwen3's attention; the MLP a router ("gate") and experts whose names _key_map spells out one by one
+_TOP |= {"gemma2": _LLAMA_TOP, "smollm3": _LLAMA_TOP, "gemma3_text": _LLAMA_TOP, "qwen3_moe": _LLAMA_TOP,
+         "olmoe": _LLAMA_TOP}
+# Qwen3-MoE (and OLMoE: the same names, its q/k norms over the whole projection): Qwen3's attention; the MLP a
+# router ("gate") and experts whose names _key_map spells out one by one
 _MOE_BLOCK = {k: v for k, v in (_LLAMA_BLOCK | _QK_NORMS).items() if not k.startswith("mlp.")}
 _MOE_BLOCK |= {"mlp.router.weight": "mlp.gate.weight"}
 _EXPERT = {"w_gate.weight": "gate_proj.weight", "w_up.weight": "up_proj.weight", "w_down.weight": "down_proj.weight"}
 _BLOCKS |= {"gemma2": ("model.layers", _GEMMA2_BLOCK), "gemma3_text": ("model.layers", _GEMMA2_BLOCK | _QK_NORMS),
-            "qwen3_moe": ("model.layers", _MOE_BLOCK)}
+            "qwen3_moe": ("model.layers", _MOE_BLOCK), "olmoe": ("model.layers", _MOE_BLOCK)}
 _FUSED_QKV = {"gpt2": "attn.c_attn", "gpt_neox": "attention.query_key_value"}
 
 
