@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from ..errors import UserError
-from . import load, resolve
 
 # the relative error within which two forward passes of the same weights agree, by the weights' precision
 THRESHOLDS = {"float32": 5e-5, "bfloat16": 1e-2}
