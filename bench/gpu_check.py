@@ -320,6 +320,7 @@ def write_gguf(path: Path, model) -> None:
 @torch.no_grad()
 def check_blocks(device: torch.device) -> None:
     from lumen import GPT, fast
+    from lumen.fast import kernels
     from lumen.formats import load
 
     torch.manual_seed(0)
@@ -337,8 +338,7 @@ def check_blocks(device: torch.device) -> None:
     one_row = {where: m(ids[:, :1].to(where))[0].float().cpu() for where, m in blocks.items()}  # a decoded token
     row = (one_row[here] - one_row["cpu"]).abs().max().item()
     on_device = blocks[here].lm_head.matrix.quads.device  # type: ignore[union-attr]
-    quant = sys.modules[type(blocks[here].lm_head).__module__]  # lumen's quant module, wherever it lives
-    kernel = "quant.cpp's kernel" if quant.kernels() else "torch's formula (the kernel did not build here)"
+    kernel = "quant.cpp's kernel" if kernels.load() else "torch's formula (the kernel did not build here)"
     t0 = time.perf_counter()
     fast.generate(blocks[here], ids.to(device), 16, temperature=0)
     sync(device)

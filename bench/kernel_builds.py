@@ -31,12 +31,13 @@ SHAPES = (("Q4_1", 576, 576, 30 * 2), ("Q4_1", 192, 576, 30 * 2), ("Q4_1", 1536,
 
 WORKER = r"""
 import json, sys, time, torch
-from lumen.fast import quant
-quant.CFLAGS = ["-O3", f"-march={sys.argv[2]}", "-fopenmp"]
+from lumen.fast import kernels
+from lumen.fast.quant import QuantMatrix
+kernels.CFLAGS = ["-O3", f"-march={sys.argv[2]}", "-fopenmp"]
 src = sys.argv[1]
 from pathlib import Path
-assert quant._load_kernels((Path(src) / "quant.cpp", Path(src) / "attend.cpp"))
-quant._kernels = True
+assert kernels._load((Path(src) / "quant.cpp", Path(src) / "attend.cpp"))
+kernels._library = True
 shapes, threads, repeats = json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
 g = torch.Generator().manual_seed(0)
@@ -46,9 +47,9 @@ for kind, out, n, times in shapes:
     scale = (torch.rand(out, nb, generator=g) * 0.01).half()
     if kind == "Q4_1":
         codes = torch.randint(0, 256, (out, n // 2), dtype=torch.uint8, generator=g)
-        blocks = quant.Blocks(codes, scale, (torch.rand(out, nb, generator=g) * -0.1).half())
+        blocks = QuantMatrix(codes, scale, (torch.rand(out, nb, generator=g) * -0.1).half())
     else:
-        blocks = quant.Blocks(torch.randint(-127, 128, (out, n), dtype=torch.int8, generator=g), scale, None)
+        blocks = QuantMatrix(torch.randint(-127, 128, (out, n), dtype=torch.int8, generator=g), scale, None)
     mats += [(blocks, torch.randn(n, generator=g))] * times
 for b, x in mats[:20]:
     b.row_product(x)

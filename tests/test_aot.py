@@ -81,7 +81,8 @@ def test_the_package_key_follows_every_source_the_step_reaches_and_no_other(tmp_
     with fast.decoding(tiny(0)) as decoder:
         names = {p.relative_to(Path(lumen.__file__).parent).as_posix() for p in aot.step_sources(decoder.model)}
     assert {"model.py", "block.py", "attention.py", "config.py", "fast/attention.py", "fast/packing.py",
-            "fast/aot.py", "fast/quant.cpp", "fast/attend.cpp"} <= names
+            "fast/aot.py", "fast/kernels.py", "fast/quads.py", "fast/quant.cpp", "fast/quads.h",
+            "fast/attend.cpp"} <= names
     assert "train/loop.py" not in names
     shutil.copytree(Path(lumen.__file__).parent, tmp_path / "lumen", ignore=shutil.ignore_patterns("__pycache__"))
     child = f"""

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from lumen import fast
 from lumen.attention import KVCache, MultiHeadAttention
 from lumen.decode import GREEDY, tokens
-from lumen.fast.attention import OneQueryAttention, chapter_attention, one_query_attention
+from lumen.fast.attention import OneQueryAttention, one_query_attention
+from lumen.fast.changes import Changes
 from lumen.model import GPT
 
 
@@ -42,9 +43,9 @@ def test_the_kernel_reads_only_the_allowed_slots_as_the_plain_path_does(batch, k
     cache's first slots, a sliding window's slots in the middle, a single slot, and a long run of slots (read
     in two halves, joined after: the same bits on one thread as on two); and the one-query class takes it
     where the kernels are loaded, and the fused sums where they are not."""
-    from lumen.fast import quant
+    from lumen.fast import kernels
 
-    if not quant.kernels():
+    if not kernels.load():
         pytest.skip("the speed wing's kernels do not build here (x86-64 with AVX2, g++ and ninja)")
     torch.manual_seed(hd)
     attn = MultiHeadAttention(6 * hd, 6, kv_heads, bias=False).eval()
@@ -63,11 +64,12 @@ def test_the_kernel_reads_only_the_allowed_slots_as_the_plain_path_does(batch, k
             assert torch.equal(torch.ops.lumen.attend_one(q, k, v, allowed), got), name
         finally:
             torch.set_num_threads(threads)
-        one_query_attention(attn)
-        for kernels in (True, False):
-            monkeypatch.setattr(quant, "_kernels", kernels)
-            torch.testing.assert_close(attn.attend_plain(q, k, v, allowed), plain, rtol=1e-5, atol=1e-6, msg=name)
-        chapter_attention(attn)
+        with Changes() as changes:
+            one_query_attention(attn, changes)
+            for loaded in (True, False):
+                monkeypatch.setattr(kernels, "_library", loaded)
+                torch.testing.assert_close(attn.attend_plain(q, k, v, allowed), plain, rtol=1e-5, atol=1e-6,
+                                           msg=name)
     monkeypatch.undo()
     q[0, 0, 0, 0] = 1e4  # a loud query: the softmax subtracts its largest score first, as torch's does
     allowed = masks["first"]
@@ -92,13 +94,13 @@ def test_decoding_steps_with_the_cache_agree_with_the_plain_model():
     model(ids, cache=cache)
     for t in range(20):
         plain_logits.append(model(torch.tensor([[t + 3]]), cache=cache)[0])
-    assert one_query_attention(model) == model.cfg.n_layers
-    cache = KVCache(model.cfg, 1, 32)
-    model(ids, cache=cache)
-    for t in range(20):
-        torch.testing.assert_close(model(torch.tensor([[t + 3]]), cache=cache)[0], plain_logits[t],
-                                   rtol=1e-5, atol=1e-5)
-    assert chapter_attention(model) == model.cfg.n_layers
+    with Changes() as changes:
+        assert one_query_attention(model, changes) == model.cfg.n_layers
+        cache = KVCache(model.cfg, 1, 32)
+        model(ids, cache=cache)
+        for t in range(20):
+            torch.testing.assert_close(model(torch.tensor([[t + 3]]), cache=cache)[0], plain_logits[t],
+                                       rtol=1e-5, atol=1e-5)
     assert all(type(b.attn) is MultiHeadAttention for b in model.blocks)
 
 

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from lumen import fast as wing
-from lumen.fast.packing import FastLinear, can_pack, fast_linears, packed, plain_linears, row_linear
+from lumen.fast.changes import Changes
+from lumen.fast.packing import FastLinear, can_pack, fast_linears, packed, row_linear
 from lumen.model import GPT, plain_attention
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.nn.Linear(2, 2)), reason="this PyTorch has no oneDNN packed linear")
@@ -67,13 +68,14 @@ def test_packed_linear_against_f_linear_on_odd_inputs():
     layer = torch.nn.Linear(48, 80).to(torch.bfloat16)
     w, b = layer.weight.detach().clone(), layer.bias.detach().clone()
     holder = torch.nn.Sequential(layer)
-    assert fast_linears(holder) == 1 and isinstance(holder[0], FastLinear)
     x = torch.randn(3, 7, 100, dtype=torch.bfloat16)[..., :48]  # not contiguous
-    with torch.inference_mode(), packed(holder):
-        assert torch.equal(holder(x), F.linear(x, w, b))
-        assert torch.equal(holder(x[0, 0]), F.linear(x[0, 0], w, b))
-        assert torch.equal(holder(x.contiguous()), F.linear(x.contiguous(), w, b))
-    assert plain_linears(holder) == 1 and type(holder[0]) is torch.nn.Linear and torch.equal(holder[0].weight, w)
+    with Changes() as changes:
+        assert fast_linears(holder, changes) == 1 and isinstance(holder[0], FastLinear)
+        with torch.inference_mode(), packed(holder):
+            assert torch.equal(holder(x), F.linear(x, w, b))
+            assert torch.equal(holder(x[0, 0]), F.linear(x[0, 0], w, b))
+            assert torch.equal(holder(x.contiguous()), F.linear(x.contiguous(), w, b))
+    assert holder[0] is layer and type(layer) is torch.nn.Linear and torch.equal(layer.weight, w)
 
 
 def test_export_inside_packed_gives_the_same_tensors(tmp_path):
@@ -143,15 +145,15 @@ def test_one_row_product_is_the_linear(cpp_compiler, dtype):
 def test_many_rows_in_float32_go_through_onednn(cpp_compiler, monkeypatch):
     """A float32 prompt's products (eager and compiled) are oneDNN's on the plain weight: x @ W.T + b computed
     in float64 to float32 rounding; with gradients or under autocast they stay F.linear's."""
-    from lumen.fast import packing
+    from lumen.fast import kernels
 
     torch.manual_seed(4)
     layer = FastLinear.from_linear(torch.nn.Linear(96, 200))
     x = torch.randn(3, 7, 96)
     exact = F.linear(x.double(), layer.weight.double(), layer.bias.double())
     calls = []
-    real = packing.onednn_linear
-    monkeypatch.setattr(packing, "onednn_linear", lambda *a: calls.append(1) or real(*a))
+    real = kernels.onednn_linear
+    monkeypatch.setattr(kernels, "onednn_linear", lambda *a: calls.append(1) or real(*a))
     with torch.inference_mode():
         for fn in (layer, torch.compile(layer, dynamic=False)):
             torch.testing.assert_close(fn(x).double(), exact, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,6 @@
-"""lumen.fast.quant: products computed from a GGUF's Q4_1/Q8_0 blocks against the gguf package's own dequantized
-matrices, and the real SmolLM2 decoded from its blocks against the dequantized float32 model."""
+"""lumen.fast's GGUF path (quads.py, quant.py, kernels.py, loading.py): products computed from a GGUF's Q4_1/Q8_0
+blocks against the gguf package's own dequantized matrices, and the real SmolLM2 decoded from its blocks against
+the dequantized float32 model."""
 
 from __future__ import annotations
 
@@ -74,13 +75,13 @@ def rounded_reference(x: torch.Tensor, tensor, reference: torch.Tensor) -> torch
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("out", [1, 7, 50, 96])
 def test_quads_hold_the_files_bytes_in_another_order(qtype, out, monkeypatch):
-    """QuantMatrix keep a matrix in quads (quant.pack, a slab of rows at a time): four rows, four blocks at a time,
+    """QuantMatrix keep a matrix in quads (quads.pack, a slab of rows at a time): four rows, four blocks at a time,
     codes then scales (and minima). Each byte of the file's blocks is there once (the rows past the matrix are
     zeros), and `file_rows` gives back the file's layout, for every row, any slice and any list of rows."""
-    from lumen.fast import quant
-    from lumen.fast.quant import ROWS
+    from lumen.fast import quads
+    from lumen.fast.quads import ROWS
 
-    monkeypatch.setattr(quant, "SLAB", 8)  # (50 rows: slabs of 8, 8, ..., 2)
+    monkeypatch.setattr(quads, "SLAB", 8)  # (50 rows: slabs of 8, 8, ..., 2)
 
     for n in (32, 96, 128, 544):  # 1, 3, 4 and 17 blocks: a row's last group of 1-4
         tensor, _ = quantized_tensor(qtype, out, n, seed=n)
@@ -103,9 +104,9 @@ def test_kernels_at_every_count_of_rows_and_blocks(qtype, out, n, cpp_compiler):
     """quant.cpp walks a matrix in quads, four rows and four blocks at a time (with AVX-512; one row and one
     block at a time of the same layout with AVX2), and splits the quads between threads: rows past the last
     quad's, a last group of 1-4 blocks, all meet the float64 formula, at one thread and at two."""
-    from lumen.fast import quant
+    from lumen.fast import kernels
 
-    if not quant.kernels():
+    if not kernels.load():
         pytest.skip("quant.cpp does not build here (it needs an x86-64 CPU with AVX2, g++ and ninja)")
     tensor, reference = quantized_tensor(qtype, out, n, seed=out)
     blocks = blocks_from_gguf(tensor)
@@ -124,9 +125,9 @@ def test_kernels_at_every_count_of_rows_and_blocks(qtype, out, n, cpp_compiler):
 
 AVX2_ONLY = """
 import os, sys, torch
-from lumen.fast import quant
-quant.CFLAGS = ["-O3", *sys.argv[2].split(), "-fopenmp"]  # AVX2 and FMA, no AVX-512: the kernel's other path
-assert quant.kernels()
+from lumen.fast import kernels
+kernels.CFLAGS = ["-O3", *sys.argv[2].split(), "-fopenmp"]  # AVX2 and FMA, no AVX-512: the kernel's other path
+assert kernels.load()
 sys.path.insert(0, sys.argv[1])
 from test_quant import Q, blocks_from_gguf, quantized_tensor, rounded_reference
 for qtype in (Q.Q4_1, Q.Q8_0):
@@ -160,21 +161,21 @@ def test_the_kernels_avx2_path_on_the_same_quads(tmp_path, cpp_compiler, flags):
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("kernels", [True, False], ids=["quant.cpp", "torch"])
+@pytest.mark.parametrize("with_kernel", [True, False], ids=["quant.cpp", "torch"])
 @pytest.mark.parametrize("qtype", TYPES)
-def test_products_equal_their_references(qtype, kernels, cpp_compiler, monkeypatch):
+def test_products_equal_their_references(qtype, with_kernel, cpp_compiler, monkeypatch):
     """Many rows: F.linear in float64 on the gguf package's dequantized weight, to float32 rounding. One row
     (a decoded token; eager and compiled): x rounded to 8 bits per block as llama.cpp rounds it, against that
     formula computed from the gguf package's quantizer in float64 — by quant.cpp's kernel, and by torch's
     formula where the kernel is not built."""
-    from lumen.fast import quant
+    from lumen.fast import kernels
 
-    if kernels and not (cpu.has("avx2", "fma") or cpu.arch() == "aarch64"):
+    if with_kernel and not (cpu.has("avx2", "fma") or cpu.arch() == "aarch64"):
         pytest.skip("quant.cpp needs an x86-64 CPU with avx2 and fma, or ARM64")
-    if kernels and shutil.which("ninja") is None:
+    if with_kernel and shutil.which("ninja") is None:
         pytest.skip("torch builds quant.cpp with ninja (apt-get install -y ninja-build)")
-    assert quant.kernels() or not kernels  # where it can be built, it is (else decoding is ~2x slower)
-    monkeypatch.setattr(quant, "_kernels", kernels)
+    assert kernels.load() or not with_kernel  # where it can be built, it is (else decoding is ~2x slower)
+    monkeypatch.setattr(kernels, "_library", with_kernel)
     tensor, reference = quantized_tensor(qtype, seed=1)
     layer = QuantLinear(blocks_from_gguf(tensor))
     torch.manual_seed(1)
@@ -229,14 +230,14 @@ def test_quantized_embedding_rows(qtype):
 def test_kernels_that_do_not_build_say_why_and_leave_nothing(tmp_path, monkeypatch, capsys, cpp_compiler):
     """A kernel source that does not compile: one line saying why and what runs instead, False (torch's
     formula is used), and no half-built library left in the cache for the next run to load."""
-    from lumen.fast import quant
+    from lumen.fast import kernels
 
     if shutil.which("ninja") is None:
         pytest.skip("torch builds with ninja (apt-get install -y ninja-build)")
     broken = tmp_path / "quant.cpp"
     broken.write_text("#include <torch/library.h>\nthis is not C++;\n")
     monkeypatch.setenv("LUMEN_CACHE", str(tmp_path / "cache"))
-    assert quant._load_kernels((broken,)) is False
+    assert kernels._load((broken,)) is False
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("lumen: building the speed wing's kernels")
     assert len(err) == 2 and "did not build" in err[1] and "torch's formula" in err[1]
@@ -245,13 +246,13 @@ def test_kernels_that_do_not_build_say_why_and_leave_nothing(tmp_path, monkeypat
 
 def test_kernels_without_their_build_tools_say_so(tmp_path, monkeypatch, capsys):
     """No ninja (or no compiler): one line naming what to install, False, and nothing written to the cache."""
-    from lumen.fast import quant
+    from lumen.fast import kernels
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("quant.cpp is for x86-64")
     monkeypatch.setenv("LUMEN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(quant.shutil, "which", lambda name: None if name == "ninja" else f"/usr/bin/{name}")
-    assert quant._load_kernels() is False
+    monkeypatch.setattr(kernels.shutil, "which", lambda name: None if name == "ninja" else f"/usr/bin/{name}")
+    assert kernels._load() is False
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ninja-build" in err[0] and "torch's formula" in err[0]
     assert not (tmp_path / "cache").exists()
@@ -285,7 +286,7 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
     step, each of the 211 products by quant.cpp equals torch's formula's to float32 rounding (whole steps do
     not: a number rounded to the other side of a half-step changes the next layer's 8-bit x, as it would
     between any two such runs)."""
-    from lumen.fast import generate, load_quantized, quant
+    from lumen.fast import generate, kernels, load_quantized
 
     loaded = load_quantized(str(smollm2_gguf))
     model, tok = loaded.model, loaded.tokenizer
@@ -305,7 +306,7 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
             for compile in (False, True):  # (compiled, the norms and attention round otherwise: a token may differ)
                 got = generate(model, ids, 8, temperature=0, compile=compile)
                 assert torch.equal(got[:, : ids.size(1) + 4], want[:, : ids.size(1) + 4])
-        if quant.kernels():  # every matrix's product at a real decoding step: kernel and formula agree
+        if kernels.load():  # every matrix's product at a real decoding step: kernel and formula agree
             inputs = {}
 
             def keep(layer, args):  # a one-row input (the prompt's many rows come first)
@@ -385,10 +386,11 @@ def test_a_small_file_from_its_blocks_and_damaged_numbers(tmp_path):
 def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
     """share_rows (the decoding door's): a block's q, k and v of one block type, and its gate and up, become one
     stack each, their blocks rows of it (no memory added); a decoded token's products, and a prompt's, are
-    each matrix's own products (computed before sharing); mixed types stay apart; unshare_rows undoes it."""
+    each matrix's own products (computed before sharing); mixed types stay apart; leaving the changes undoes it."""
     from helpers.gguf import tiny_model, write_gguf
     from lumen.fast import load_quantized
-    from lumen.fast.quant import SharedQuantLinear, share_rows, unshare_rows
+    from lumen.fast.changes import Changes
+    from lumen.fast.quant import SharedQuantLinear, share_rows
 
     path = tmp_path / "tiny.gguf"
     types = {f"blk.0.{n}.weight": Q.Q4_1 for n in ("attn_q", "attn_k", "attn_v")}
@@ -401,28 +403,28 @@ def test_matrices_of_one_row_multiply_as_one_stack(tmp_path):
     one, many = torch.randn(1, 1, 64), torch.randn(1, 5, 64)
     with torch.inference_mode():
         before = [(getattr(m, n)(one), getattr(m, n)(many)) for m, n in names]
-        assert share_rows(model) == 2
-        layers = [getattr(m, n) for m, n in names]
-        assert [type(x) is SharedQuantLinear for x in layers] == [True] * 5 + [False]
-        for group in (layers[:3], layers[3:5]):
-            stack = group[0].shared.matrix.quads
-            assert all(x.shared is group[0].shared for x in group)
-            assert all(x.matrix.quads.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
-                       for x in group)
-            assert 4 * stack.shape[0] == sum(x.out_features for x in group)
-            assert stack.data_ptr() == group[0].matrix.quads.data_ptr()  # (one after another already: no copy)
-        after = [(x(one), x(many)) for x in layers]
-        for (y1, yn), (z1, zn) in zip(before, after):
-            torch.testing.assert_close(z1, y1, rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(zn, yn, rtol=1e-6, atol=1e-6)
-        assert layers[0].shared.row is None  # (let go once the last of the group read its product)
-        assert unshare_rows(model) == 5
+        with Changes() as changes:
+            assert share_rows(model, changes) == 2
+            layers = [getattr(m, n) for m, n in names]
+            assert [type(x) is SharedQuantLinear for x in layers] == [True] * 5 + [False]
+            for group in (layers[:3], layers[3:5]):
+                stack = group[0].shared.matrix.quads
+                assert all(x.shared is group[0].shared for x in group)
+                assert all(x.matrix.quads.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+                           for x in group)
+                assert 4 * stack.shape[0] == sum(x.out_features for x in group)
+                assert stack.data_ptr() == group[0].matrix.quads.data_ptr()  # (one after another already: no copy)
+            after = [(x(one), x(many)) for x in layers]
+            for (y1, yn), (z1, zn) in zip(before, after):
+                torch.testing.assert_close(z1, y1, rtol=1e-6, atol=1e-6)
+                torch.testing.assert_close(zn, yn, rtol=1e-6, atol=1e-6)
+            assert layers[0].shared.row is None  # (let go once the last of the group read its product)
         assert all(type(x) is QuantLinear and not hasattr(x, "shared") for x in layers)
         for (y1, _), x in zip(before, layers):
             torch.testing.assert_close(x(one), y1, rtol=1e-6, atol=1e-6)
 
 
-def test_a_models_matrices_lie_in_one_stream_in_the_order_a_token_reads_them(tmp_path):
+def test_a_models_matrices_lie_in_one_buffer_in_the_order_a_token_reads_them(tmp_path):
     """load_quantized puts every matrix's quads in one buffer, block by block, each block's matrices in the order
     its forward reads them, the (tied) unembedding last: the memory a product asks for ahead of its reads runs
     on into the next product's matrix."""
@@ -442,9 +444,9 @@ def test_a_models_matrices_lie_in_one_stream_in_the_order_a_token_reads_them(tmp
     for h in hooks:
         h.remove()
     assert len(reads) == len({id(b) for b in reads}) == 2 * 7 + 1 and reads[-1] is model.tok_emb.matrix
-    stream = reads[0].quads
+    buffer = reads[0].quads
     for a, b in zip(reads, reads[1:]):
-        assert b.quads.untyped_storage().data_ptr() == stream.untyped_storage().data_ptr()
+        assert b.quads.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
         assert b.quads.data_ptr() == a.quads.data_ptr() + a.quads.nbytes
 
 

@@ -37,9 +37,9 @@ from ..fetch import cache_dir
 from ..files import atomic_path
 from ..model import GPT
 from ..runtime.compiling import check_cpp_compiler
-from . import quant
+from . import kernels
 from .options import DECODE_OPTIONS
-from .quant import QuantMatrix, cpu_flags, kernels, loaded
+from .quant import QuantMatrix
 
 
 class OneTokenStep(nn.Module):
@@ -74,7 +74,7 @@ def step_sources(model: GPT) -> list[Path]:
             seen.add(name)
             todo += sorted(_lumen_imports(name) - seen)
     files = [Path(file) for name in seen if (file := getattr(importlib.import_module(name), "__file__", None))]
-    return sorted(files) + [*quant.SOURCES, *quant.HEADERS]
+    return sorted(files) + [*kernels.SOURCES, *kernels.HEADERS]
 
 
 def _lumen_imports(name: str) -> set[str]:
@@ -90,7 +90,7 @@ def _lumen_imports(name: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
                 else node.module or ""
-            for alias in node.names:  # `from . import quant` names a module; `from .quant import pack`, its module
+            for alias in node.names:  # `from . import kernels` names a module; `from .quads import pack`, its module
                 found.add(f"{base}.{alias.name}" if _is_module(f"{base}.{alias.name}") else base)
     return {n for n in found if n.split(".")[0] == "lumen" and _is_module(n)}
 
@@ -115,14 +115,6 @@ def _is_module(name: str) -> bool:
         return False
 
 
-# quant.cpp's block product and attend.cpp's attention as C functions: the package calls them directly (no
-# boxed call through the dispatcher)
-ROW_PRODUCTS = {kind: f"AOTITorchError aoti_torch_cpu_{kind}_row(AtenTensorHandle x, AtenTensorHandle quads, "
-                      "AtenTensorHandle* ret0)" for kind in ("q4_1", "q8_0")}
-ATTEND_ONE = ("AOTITorchError aoti_torch_cpu_attend_one(AtenTensorHandle q, AtenTensorHandle k, "
-              "AtenTensorHandle v, AtenTensorHandle allowed, AtenTensorHandle* ret0)")
-
-
 def options(model: GPT) -> dict:
     """AOTInductor's settings: the door's compile options; the weights left out of the package (the step
     reads the model's own); each kernel a profiler event or not, as inductor is set (bench/profile_decode.py).
@@ -134,15 +126,13 @@ def options(model: GPT) -> dict:
     (float weights), its loops read the thread count when the step runs (`cpp.dynamic_threads`)."""
     # (inductor's settings as this process has them; a process that only loads packages never imports it)
     config = sys.modules.get("torch._inductor.config")
-    blocks = any(isinstance(m, QuantMatrix) for m in model.modules()) and kernels()
-    shims = {getattr(torch.ops.lumen, f"{kind}_row").default: [c] for kind, c in ROW_PRODUCTS.items()} if blocks else {}
-    if loaded():  # (one_query_attention's step calls attend.cpp's kernel then)
-        shims[torch.ops.lumen.attend_one.default] = [ATTEND_ONE]
+    blocks = any(isinstance(m, QuantMatrix) for m in model.modules()) and kernels.load()
     small_loops_only = blocks and not any(isinstance(m, nn.Linear) for m in model.modules())
     threads = {"cpp.min_chunk_size": 2**40} if small_loops_only else {"cpp.dynamic_threads": True}
     profiled = bool(config and config.cpp.enable_kernel_profile)
     return {**DECODE_OPTIONS, **threads, "aot_inductor.package_constants_in_so": False,
-            "aot_inductor.custom_ops_to_c_shims": shims, "cpp.enable_kernel_profile": profiled}
+            "aot_inductor.custom_ops_to_c_shims": kernels.c_shims(products=blocks),
+            "cpp.enable_kernel_profile": profiled}
 
 
 def package_path(model: GPT, batch: int, slots: int) -> Path:
@@ -153,8 +143,8 @@ def package_path(model: GPT, batch: int, slots: int) -> Path:
     for path in step_sources(model):
         h.update(path.read_bytes())
     tensors = [(n, tuple(t.shape), str(t.dtype)) for n, t in _tensors(OneTokenStep(model)).items()]
-    for part in (repr(model), repr(model.cfg), repr(tensors), f"{batch} {slots}", torch.__version__, cpu_flags(),
-                 repr(sorted(options(model).items()))):
+    for part in (repr(model), repr(model.cfg), repr(tensors), f"{batch} {slots}", torch.__version__,
+                 kernels.cpu_flags(), repr(sorted(options(model).items()))):
         h.update(part.encode())
     return cache_dir() / "steps" / f"step-{h.hexdigest()[:16]}.pt2"
 

@@ -4,7 +4,7 @@ The chapter's plain path (lumen.attention) gives every query head its own copy o
 values (`repeat_interleave`): for a decoded token that is a copy of the whole cache, every layer, every step,
 more bytes than the products read. Here the group's query heads share their key head instead: the
 queries (B, h, 1, hd) are viewed as (B, h_kv, group, hd), one small product against each key head's slots
-gives the scores, one against its values the average. Where the speed wing's kernels are loaded (quant.py
+gives the scores, one against its values the average. Where the speed wing's kernels are loaded (kernels.py
 builds them; on a CPU, in float32), attend.cpp does the same over only the slots the query may see
 (`lumen::attend_one`): a compiled step's cache has a fixed number of slots, mostly empty early on; a long
 run of slots is read in two halves, on two threads where torch has them, the same bits on one. The
@@ -14,10 +14,13 @@ reads it from the plain path).
     >>> import torch
     >>> from lumen import GPT, ModelConfig
     >>> model = GPT(ModelConfig.from_name("baby-llama")).eval()
-    >>> one_query_attention(model)     # every layer's attention (how many), until chapter_attention(model)
+    >>> with Changes() as changes:
+    ...     one_query_attention(model, changes)     # every layer's attention (how many), while inside
+    ...     type(model.blocks[0].attn).__name__
     6
-    >>> type(model.blocks[0].attn).__name__, chapter_attention(model), type(model.blocks[0].attn).__name__
-    ('OneQueryAttention', 6, 'MultiHeadAttention')
+    'OneQueryAttention'
+    >>> type(model.blocks[0].attn).__name__
+    'MultiHeadAttention'
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import MultiHeadAttention
+from . import kernels
 from .changes import Changes
-from .quant import loaded  # (quant.py defines lumen::attend_one with the library that holds its kernel)
 
 
 class OneQueryAttention(MultiHeadAttention):
@@ -41,8 +44,8 @@ class OneQueryAttention(MultiHeadAttention):
         plain_scores = self.softcap is None and self.scale == 1 / math.sqrt(hd)  # (not Gemma's scale or soft-cap)
         if T != 1 or self.training or allowed is None or allowed.dim() != 2 or not plain_scores:  # a prompt, ...
             return super().attend_plain(q, k, v, allowed)
-        if q.device.type == "cpu" and q.dtype == k.dtype == torch.float32 and hd % 8 == 0 and loaded():
-            return torch.ops.lumen.attend_one(q, k, v, allowed)
+        if q.device.type == "cpu" and q.dtype == k.dtype == torch.float32 and hd % 8 == 0 and kernels.loaded():
+            return kernels.attend_one(q, k, v, allowed)
         group = h // self.n_kv_heads
         qg = q.reshape(B, self.n_kv_heads, group, hd)                        # a group's queries side by side
         if torch.compiler.is_compiling():  # products written as sums, which the compiler fuses into loops
@@ -58,18 +61,10 @@ class OneQueryAttention(MultiHeadAttention):
 
 def one_query_attention(model: nn.Module, changes: Changes | None = None) -> int:
     """Every MultiHeadAttention inside model answers single queries as OneQueryAttention (the same module,
-    the same parameters: only its class changes); returns how many. Recorded in `changes` (undone when they
-    end), or until chapter_attention(model)."""
-    return _swap(model, MultiHeadAttention, OneQueryAttention, changes or Changes())
-
-
-def chapter_attention(model: nn.Module) -> int:
-    """Undo one_query_attention made without `changes`: the chapter's MultiHeadAttention again; returns how many."""
-    return _swap(model, OneQueryAttention, MultiHeadAttention, Changes())
-
-
-def _swap(model: nn.Module, old: type, new: type, changes: Changes) -> int:
-    swapped = [m for m in model.modules() if type(m) is old]
+    the same parameters: only its class changes); returns how many. Recorded in `changes` (the chapter's
+    class back when they end); without it, for good."""
+    changes = changes or Changes()
+    swapped = [m for m in model.modules() if type(m) is MultiHeadAttention]
     for m in swapped:
-        changes.set_class(m, new)
+        changes.set_class(m, OneQueryAttention)
     return len(swapped)

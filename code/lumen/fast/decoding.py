@@ -29,12 +29,13 @@ from ..model import GPT
 from ..runtime.compiling import check_cpp_compiler
 from ..runtime.heap import large_buffers_returned
 from ..runtime.threads import tuned
+from . import kernels
 from .aot import AOTStep
 from .attention import one_query_attention
 from .changes import Changes
 from .options import DECODE_OPTIONS
 from .packing import fast_linears, packed
-from .quant import kernels, share_rows
+from .quant import share_rows
 
 SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs of nearby lengths share one graph
 
@@ -100,7 +101,7 @@ def decoding(model: GPT, compile: bool | str = False) -> Iterator[Decoder]:
         if model.device.type == "cpu":
             changes.enter_context(large_buffers_returned())
             if compile:
-                kernels()  # the wing's C++ kernels (quant.py): a compiled step's attention reads only the slots it sees
+                kernels.load()  # the wing's C++ library: a compiled step's attention reads only the slots it sees
         fast_linears(model, changes)
         share_rows(model, changes)
         one_query_attention(model, changes)

@@ -7,11 +7,12 @@ weights faster than any library kernel. Eager, `F.linear` on one row either reor
 into oneDNN's layout on every call (bfloat16) or streams it slowly (float32); a weight reordered once
 (`packed`) avoids both. So the steps are explicit, and neither keeps a second copy:
 
-    >>> fast_linears(model)          # nn.Linear -> FastLinear: the same parameters, no memory  # doctest: +SKIP
-    >>> with packed(model):          # eager decoding: weights in oneDNN's layout only           # doctest: +SKIP
+    >>> with Changes() as changes:                                                    # doctest: +SKIP
+    ...     fast_linears(model, changes)          # nn.Linear -> FastLinear: the same parameters, no memory
+    ...     changes.enter_context(packed(model))  # eager decoding: weights in oneDNN's layout only
     ...     tokens = model.generate(ids, 64, temperature=0)
 
-lumen.fast.decoding does both around a decoding run, and undoes them (`plain_linears`) when it ends.
+lumen.fast.decoding does both around a decoding run, and undoes them when it ends (changes.py).
 
 Inside `packed`, each linear weight (except ones shared with another layer, like a tied unembedding,
 which the embedding needs plain) lives only in the packed layout; `state_dict()` derives the plain
@@ -24,13 +25,13 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Iterator
-from typing import TypeVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..runtime import cpu
+from . import kernels
 from .changes import Changes
 
 # whether this PyTorch has oneDNN's packed linear: asked once, here (torch.compile cannot trace the question,
@@ -55,8 +56,13 @@ class FastLinear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> FastLinear:
-        """A FastLinear holding the same Parameter objects (ties to other layers stay ties)."""
-        return _same_parameters(cls, linear)
+        """A FastLinear holding linear's Parameter objects themselves (no copy, no initialisation: ties to
+        other layers stay ties)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.weight, layer.bias = linear.weight, linear.bias
+        return layer.train(linear.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:
@@ -70,7 +76,7 @@ class FastLinear(nn.Linear):
             return row_linear(x, self.weight, self.bias)  # a reduction the compiler fuses
         if (rows > 1 and x.dtype == self.weight.dtype == torch.float32 and x.is_contiguous() and can_pack(self)
                 and not torch.is_autocast_enabled(x.device.type)):
-            return onednn_linear(x, self.weight, self.bias)
+            return kernels.onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def pack(self) -> None:
@@ -90,19 +96,6 @@ class FastLinear(nn.Linear):
             destination[prefix + "weight"] = self._packed.to_dense()
 
 
-@torch.library.custom_op("lumen::onednn_linear", mutates_args=())
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias by oneDNN, the plain weight reordered on the fly: for a float32 prompt faster
-    than F.linear's product on CPUs (docs/speed.md), the same numbers to float32 rounding. A custom
-    op, so that torch.compile calls it as it is (its own lowering takes only weights frozen into the graph)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-@onednn_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.size(0)))
-
-
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.T + bias for a single row, written as products summed along each weight row.
 
@@ -116,40 +109,15 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     return y.to(x.dtype)
 
 
-LinearT = TypeVar("LinearT", bound=nn.Linear)
-
-
-def _same_parameters(cls: type[LinearT], linear: nn.Linear) -> LinearT:
-    """A `cls` layer holding linear's Parameter objects themselves (no copy, no initialisation)."""
-    layer = cls.__new__(cls)
-    nn.Module.__init__(layer)
-    layer.in_features, layer.out_features = linear.in_features, linear.out_features
-    layer.weight, layer.bias = linear.weight, linear.bias
-    return layer.train(linear.training)
-
-
 def fast_linears(model: nn.Module, changes: Changes | None = None) -> int:
     """Replace every nn.Linear inside model by a FastLinear with the same parameters; returns how many.
-    Recorded in `changes` (the very nn.Linear layers back when they end), or until plain_linears(model)."""
+    Recorded in `changes` (the very nn.Linear layers back when they end); without it, for good."""
     changes = changes or Changes()
     n = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 changes.set(parent, name, FastLinear.from_linear(child))
-                n += 1
-    return n
-
-
-def plain_linears(model: nn.Module) -> int:
-    """Undo fast_linears: plain nn.Linear layers with the same parameters again; returns how many."""
-    n = 0
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if type(child) is FastLinear:
-                if child._packed is not None:
-                    child.unpack()
-                setattr(parent, name, _same_parameters(nn.Linear, child))
                 n += 1
     return n
 

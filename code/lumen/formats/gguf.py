@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
+from ..attention import rope_frequencies
 from ..config import ModelConfig, RopeScaling
 from ..errors import ConfigError, LumenError, MissingFileError, ModelFileError
 from ..model import GPT
@@ -356,8 +357,6 @@ def rope_from_freqs(file: GGUFFile, cfg: ModelConfig) -> ModelConfig:
     two blended divisors the numbers are not determined, and any that reproduce the divisors will do: Llama
     3's (high 4), then others are tried. Each candidate's frequencies are compared with the file's; a file none
     reproduces is refused, naming the tensor."""
-    from ..attention import rope_frequencies
-
     t = next((t for t in file.tensors if t.name == ROPE_FREQS), None)
     if t is None:
         return cfg

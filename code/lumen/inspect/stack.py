@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import names
+from ..block import BranchOutputNormBlock, PostLNBlock, SandwichBlock
 from ..errors import UserError
 from ..model import GPT
 from ..tokenizers import Batch
@@ -214,8 +215,6 @@ def out_norm_factor(model: GPT, layer: int, z: torch.Tensor) -> torch.Tensor | f
     block (Gemma 2) its post-attention RMSNorm with the scale frozen at the forward pass's, gain / s (B, T, d).
     Frozen, that norm is linear, so the heads' writes (each head's output through W_O, times this) add up to
     attn_out. z: the block's per-head outputs (B, T, H, d_head)."""
-    from ..block import SandwichBlock
-
     block = model.blocks[layer]
     if not isinstance(block, SandwichBlock):
         return 1.0
@@ -228,8 +227,6 @@ def out_norm_factor(model: GPT, layer: int, z: torch.Tensor) -> torch.Tensor | f
 def normed_write(model: GPT, i: int, cache) -> Callable[[torch.Tensor], torch.Tensor]:
     """How a part of block i's attention output reaches the stream: as it is, or through a branch-output norm
     (OLMo-2) with its scale frozen at the forward pass's (cache holds blocks.i.ln1_scale): c -> c / s * g."""
-    from ..block import BranchOutputNormBlock
-
     block = model.blocks[i]
     if not isinstance(block, BranchOutputNormBlock):
         return lambda c: c
@@ -239,8 +236,6 @@ def normed_write(model: GPT, i: int, cache) -> Callable[[torch.Tensor], torch.Te
 
 def check_sum_of_writes(model: GPT) -> None:
     """A clear error for a model whose final stream is not a sum of writes (post-LN blocks)."""
-    from ..block import PostLNBlock
-
     if any(isinstance(b, PostLNBlock) for b in model.blocks):
         raise UserError("splitting the stream into writes needs pre-LN blocks: post-LN renormalises the stream in "
                         "every block, so the final stream is not a sum of the blocks' writes")

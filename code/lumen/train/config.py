@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..accounting import count
 from ..config import ModelConfig
 from ..data import TokenData, prepare
 from ..errors import ConfigError, LumenError, MissingFileError
@@ -203,8 +204,6 @@ def check_memory(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device)
     of one micro-batch and their gradient; the stream each block keeps for the backward pass; the window
     offsets of one step) against the device's total memory. A bound from below never refuses a run that fits;
     it catches a batch_size or d_model off by orders of magnitude, which would fail deep inside torch."""
-    from ..accounting import count
-
     tokens = cfg.batch_size * model_cfg.context  # one micro-batch
     # per token: the logits and their gradient in float32 (the loss reads a float32 copy), and what each block
     # keeps for the backward pass, at bfloat16's 2 bytes (its input and attention output, the MLP's hidden units)
