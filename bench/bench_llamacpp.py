@@ -1,20 +1,25 @@
-"""lumen against llama.cpp built for this CPU, on the same GGUF file, at every thread count the machine has:
-decoding (tokens/s of 128 greedy new tokens), prefill (a 512-token prompt in one pass) and peak resident
-memory while decoding (max RSS).
+"""lumen against llama.cpp built for this CPU, on the same model, at every thread count the machine has:
+decoding (tokens/s of 128 greedy new tokens, after a short prompt and after DEPTH tokens already in the
+cache: llama-bench's `-d`), prefill (a 512-token prompt in one pass) and peak resident memory while decoding.
 
     .venv/bin/python bench/bench_llamacpp.py [--tokens 128] [--prompt 512] [--rounds 2] [--threads 1,2]
+        [--depths 0,512] [--formats Q4_1,Q4_0,Q4_K_M] [--modes compiled,aot,eager,float] [--base COMMIT]
 
 llama.cpp is built natively from the source the llama-cpp-python sdist on PyPI carries (bench/llamacpp_native.py:
-cmake, -DGGML_NATIVE=ON, cached under ~/.cache/lumen/bench) and measured with its own `llama-bench` (tg, pp);
-where it cannot be built (no compiler or cmake), npm's node-llama-cpp (prebuilt binaries) stands in, decoding
+cmake, -DGGML_NATIVE=ON, cached under ~/.cache/lumen/bench) and measured with its own `llama-bench` (tg, pp),
+on the GGUF lumen reads (Q4_1) and on the same model in llama.cpp's other formats (`--formats`: made from that
+file by llama.cpp's own llama-quantize), each with its weights repacked for this CPU (llama-bench's default; on
+an AMX machine its AMX kernels) and as the file lays them out (`--repack 0`): the goal is against the best of
+them, cell by cell (a run that fails, as the AMX kernels' prompts do on some VMs, leaves its cells empty).
+Where it cannot be built (no compiler or cmake), npm's node-llama-cpp (prebuilt binaries) stands in, decoding
 only. Every contender runs in its own process and they take turns in every round: llama.cpp, lumen decoding
 from the file's own Q4_1/Q8_0 blocks (`--weights gguf`: torch.compile's step; the step compiled ahead of time
 by AOTInductor, its package built before the rounds so that they only load it, as a user's later runs do; and
-eager), lumen float32 (dequantized, compiled). Each contender's max RSS is its process's peak while decoding
-(the kernel's count, rss.run_peak; lumen's own VmHWM before its long prompt; llama.cpp's in a decode-only
-run). Goals: lumen's block decoding
->= 1.5x llama.cpp's tokens/s at every thread count, max RSS <= 2x. The results go to docs/speed/llamacpp@KIND.json
-(bench/speed_doc.py renders them). Not a test.
+eager), lumen float32 (dequantized, compiled); `--base COMMIT`: lumen's AOT step as that commit has it too
+(its code exported beside; a before-and-after in one run). Each contender's max RSS is its process's peak while
+decoding (the kernel's count, rss.run_peak; lumen's own VmHWM before its long prompt; llama.cpp's in a decode
+run). Goals: lumen's block decoding >= 1.5x llama.cpp's best at every thread count and depth, max RSS <= 2x.
+The results go to docs/speed/llamacpp@KIND.json (bench/speed_doc.py renders them). Not a test.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from llamacpp_native import VERSION, llama_bench
+from llamacpp_native import llama_bench, requantized
 from results import Record
 from rss import run_peak
 
@@ -52,12 +57,13 @@ for await (const t of seq.evaluate(model.tokenize(prompt), {temperature: 0})) {
 console.log(JSON.stringify({tok_s: (out.length - 1) / ((performance.now() - first) / 1000)}));
 """
 
-LUMEN = {  # contender: (weights, mode)
+LUMEN = {  # contender: (weights, mode); --modes picks them by mode ("float": the float32 one)
     "lumen --weights gguf, compiled": ("gguf", "compiled"),
     "lumen --weights gguf, AOTInductor": ("gguf", "aot"),
     "lumen --weights gguf, eager": ("gguf", "eager"),
     "lumen float32, compiled": ("float", "compiled"),
 }
+BEST = "llama.cpp, best of its formats and layouts"  # the anchor row: the best llama.cpp cell by cell
 
 
 def node_llama(where: Path) -> Path | None:
@@ -73,15 +79,32 @@ def node_llama(where: Path) -> Path | None:
     return script
 
 
-def llama_cpp_native(exe: Path, gguf: Path, threads: list[int], args: argparse.Namespace) -> dict:
-    """{threads: {decode_tok_s, prefill_tok_s}} and the decode run's max RSS, from two llama-bench runs."""
-    common = [str(exe), "-m", str(gguf), "-t", ",".join(map(str, threads)), "-r", "1", "-o", "json"]
-    out, peak = run_peak(common + ["-p", "0", "-n", str(args.tokens)])
-    pre, _ = run_peak(common + ["-p", str(args.prompt), "-n", "0"])
-    result: dict = {t: {} for t in threads}
-    for row in json.loads(out) + json.loads(pre):
-        key = "decode_tok_s" if row["n_gen"] else "prefill_tok_s"
-        result[row["n_threads"]][key] = row["avg_ts"]
+def llama_cpp_native(exe: Path, gguf: Path, threads: list[int], args: argparse.Namespace, repack: int) -> dict:
+    """{threads: {decode_tok_s, decode_by_depth, prefill_tok_s}} and the decode run's max RSS, from llama-bench
+    runs, each in its own process (one that fails leaves its cells out: the others still count)."""
+    common = [str(exe), "-m", str(gguf), "-t", ",".join(map(str, threads)), "-r", "1", "-o", "json",
+              "--repack", str(repack)]
+    result: dict = {t: {"decode_by_depth": {}} for t in threads}
+    peak = 0
+    runs = [["-p", "0", "-n", str(args.tokens), "-d", str(d)] for d in args.depths]
+    runs.append(["-p", str(args.prompt), "-n", "0"])
+    for extra in runs:
+        try:
+            out, kib = run_peak(common + extra)
+        except RuntimeError as e:
+            print(f"bench: llama-bench {' '.join(extra)} --repack {repack} on {gguf.name} failed: "
+                  f"{str(e).splitlines()[0]}", file=sys.stderr)
+            continue
+        for row in json.loads(out):
+            if row["n_gen"]:
+                result[row["n_threads"]]["decode_by_depth"][str(row.get("n_depth", 0))] = row["avg_ts"]
+            else:
+                result[row["n_threads"]]["prefill_tok_s"] = row["avg_ts"]
+        if extra[-1] == str(args.depths[0]):
+            peak = kib
+    for t in threads:
+        if str(args.depths[0]) in result[t]["decode_by_depth"]:
+            result[t]["decode_tok_s"] = result[t]["decode_by_depth"][str(args.depths[0])]
     return {"max_rss_mib": peak / 1024, "threads": result}
 
 
@@ -94,10 +117,12 @@ def llama_cpp_node(script: Path, gguf: Path, threads: list[int], args: argparse.
     return {"max_rss_mib": max(peaks) / 1024, "threads": result}
 
 
-def lumen(weights: str, mode: str, threads: list[int], args: argparse.Namespace) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent / "code"), os.environ.get("PYTHONPATH", "")]))
+def lumen(weights: str, mode: str, threads: list[int], args: argparse.Namespace, code: Path = HERE.parent / "code",
+          depths: list[int] | None = None) -> dict:
+    """One lumen contender's run, in its own process, with lumen's code from `code` (this tree's, or --base's)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
     out, _ = run_peak([sys.executable, str(HERE / "lumen_decode.py"), weights, mode, ",".join(map(str, threads)),
-                       str(args.tokens), str(args.prompt)], env)
+                       str(args.tokens), str(args.prompt), ",".join(map(str, depths or args.depths))], env)
     result = json.loads(out.splitlines()[-1])
     result["threads"] = {int(t): r for t, r in result["threads"].items()}
     return result
@@ -134,65 +159,120 @@ def bandwidth(gguf: Path, threads: int, speeds: list[float]) -> dict:
             "how": f"torch's sum over 1 GiB of float32 at {threads} threads, best of 5 in each round, the median"}
 
 
+def base_code(commit: str, where: Path) -> Path:
+    """lumen's code (code/) as `commit` has it, exported under `where`: its path."""
+    archive = subprocess.run(["git", "archive", commit, "code"], cwd=HERE.parent, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
+    return where / "code"
+
+
+def best_of(rows: list[dict], threads: list[int]) -> dict:
+    """The anchor: llama.cpp's best cell by cell over its rows (which row gave each, in `from`)."""
+    best: dict = {"contender": BEST, "anchor": True, "max_rss_mib": min(r["max_rss_mib"] for r in rows),
+                  "threads": {}, "from": {}}
+    for t in map(str, threads):
+        cells: dict = {"decode_by_depth": {}}
+        for key in ("decode_tok_s", "prefill_tok_s"):
+            got = [(r["threads"][t][key], r["contender"]) for r in rows if key in r["threads"][t]]
+            if got:
+                cells[key], best["from"][f"{key} {t}t"] = max(got)
+        for d in {d for r in rows for d in r["threads"][t].get("decode_by_depth", {})}:
+            got = [(r["threads"][t]["decode_by_depth"][d], r["contender"]) for r in rows
+                   if d in r["threads"][t].get("decode_by_depth", {})]
+            cells["decode_by_depth"][d], best["from"][f"decode d{d} {t}t"] = max(got)
+        best["threads"][t] = cells
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default=None, help="thread counts, e.g. 1,2 (default: 1 up to every core)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--depths", default="0,512", help="tokens in the cache before the timed ones (llama-bench's -d)")
+    ap.add_argument("--formats", default="Q4_1,Q4_0,Q4_K_M", help="llama.cpp's formats (the first: the file's own)")
+    ap.add_argument("--modes", default="compiled,aot,eager,float", help="lumen's contenders (LUMEN) by mode")
+    ap.add_argument("--base", default=None, help="a commit whose lumen AOT step runs too (before and after)")
     ap.add_argument("--keep", type=Path, default=None, help="install node-llama-cpp here and keep it (fallback)")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")] if args.threads else list(range(1, (os.cpu_count() or 1) + 1))
+    args.depths = [int(d) for d in args.depths.split(",")]
+    modes = args.modes.split(",")
 
     from lumen.fetch import fetch
 
     gguf = fetch("smollm2", quiet=True)
     with Record("llamacpp") as rec, tempfile.TemporaryDirectory() as tmp:
         exe = llama_bench()
+        contenders: dict = {}
         if exe is not None:
-            anchor = f"llama.cpp native ({VERSION}'s source, GGML_NATIVE)"
-            measure = lambda: llama_cpp_native(exe, gguf, threads, args)  # noqa: E731
+            for fmt in args.formats.split(","):
+                model = requantized(gguf, fmt)
+                if model is None:
+                    print(f"bench: no llama-quantize here for {fmt}; left out", file=sys.stderr)
+                    continue
+                for repack, layout in ((1, "repacked for this CPU"), (0, "the file's layout (--repack 0)")):
+                    name = f"llama.cpp native, {fmt}{' (the file lumen reads)' if model == gguf else ''}, {layout}"
+                    contenders[name] = lambda m=model, r=repack: llama_cpp_native(exe, m, threads, args, r)
+            llamas = list(contenders)
         else:
             script = node_llama(args.keep or Path(tmp))
             if script is None:
                 raise SystemExit("bench: neither a native llama.cpp nor npm's node-llama-cpp can be had here")
-            anchor = "llama.cpp (node-llama-cpp, prebuilt)"
-            measure = lambda: llama_cpp_node(script, gguf, threads, args)  # noqa: E731
-        contenders = {anchor: measure}
+            llamas = ["llama.cpp (node-llama-cpp, prebuilt)"]
+            contenders[llamas[0]] = lambda: llama_cpp_node(script, gguf, threads, args)
+        before = {}
+        if args.base:
+            (Path(tmp) / "base").mkdir()
+            code = base_code(args.base, Path(tmp) / "base")
+            before[f"lumen --weights gguf, AOTInductor, before ({args.base})"] = code
         for name, (weights, mode) in LUMEN.items():
-            contenders[name] = lambda w=weights, m=mode: lumen(w, m, threads, args)
-            if mode == "aot":  # its package built once, unmeasured: the measured processes only load it
-                lumen(weights, mode, threads[:1], argparse.Namespace(tokens=4, prompt=16))
+            if (mode if weights == "gguf" else "float") not in modes:
+                continue
+            codes = {**(before if mode == "aot" else {}), name: HERE.parent / "code"}
+            for label, code in codes.items():
+                contenders[label] = lambda w=weights, m=mode, c=code: lumen(w, m, threads, args, c)
+                if mode == "aot":  # its packages built once, unmeasured: the measured processes only load them
+                    lumen(weights, mode, threads[:1], argparse.Namespace(tokens=args.tokens, prompt=16,
+                                                                         depths=args.depths), code)
         runs: dict[str, list[dict]] = {name: [] for name in contenders}
         streams: list[float] = []
         for r in range(args.rounds):
             streams.append(streamed(threads[-1]))
             for name, fn in contenders.items():
                 runs[name].append(fn())
-                speeds = ", ".join(f"{t}: {x['decode_tok_s']:.1f}" for t, x in runs[name][-1]["threads"].items())
-                print(f"round {r + 1} {name}: decode tok/s by threads {speeds}; load average "
-                      f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+                speeds = ", ".join(f"{t}t d{d}: {x:.1f}" for t, c in runs[name][-1]["threads"].items()
+                                   for d, x in c.get("decode_by_depth", {"0": c.get("decode_tok_s", 0)}).items())
+                print(f"round {r + 1} {name}: decode tok/s {speeds}; load average {os.getloadavg()[0]:.1f}",
+                      file=sys.stderr, flush=True)
         rows = []
         for name, rs in runs.items():
-            row = {"contender": name, "anchor": name == anchor,
+            row = {"contender": name, "anchor": False,
                    "max_rss_mib": statistics.median(x["max_rss_mib"] for x in rs), "threads": {}}
             for t in threads:
-                row["threads"][str(t)] = {
-                    key: statistics.median(x["threads"][t][key] for x in rs)
-                    for key in ("decode_tok_s", "prefill_tok_s") if key in rs[0]["threads"][t]}
-                row["threads"][str(t)]["decode_rounds"] = [x["threads"][t]["decode_tok_s"] for x in rs]
+                cells: dict = {key: statistics.median(x["threads"][t][key] for x in rs if key in x["threads"][t])
+                               for key in ("decode_tok_s", "prefill_tok_s") if any(key in x["threads"][t] for x in rs)}
+                depths = {d for x in rs for d in x["threads"][t].get("decode_by_depth", {})}
+                cells["decode_by_depth"] = {d: statistics.median(x["threads"][t]["decode_by_depth"][d] for x in rs
+                                                                 if d in x["threads"][t]["decode_by_depth"])
+                                            for d in sorted(depths, key=int)}
+                cells["decode_rounds"] = [x["threads"][t].get("decode_tok_s") for x in rs]
+                row["threads"][str(t)] = cells
             if "text" in rs[-1]["threads"][threads[0]]:
                 row["text"] = rs[-1]["threads"][threads[0]]["text"][:80]
             rows.append(row)
-        rec.update(model="SmolLM2-135M-Instruct Q4_1 GGUF", tokens=args.tokens, prompt=args.prompt, rounds=args.rounds,
-                   thread_counts=threads, rows=rows, bandwidth=bandwidth(gguf, threads[-1], streams))
+        rows.insert(0, best_of([row for row in rows if row["contender"] in llamas], threads))
+        rec.update(model="SmolLM2-135M-Instruct GGUF (Q4_1; llama.cpp's other formats made from it)",
+                   tokens=args.tokens, prompt=args.prompt, rounds=args.rounds, thread_counts=threads,
+                   depths=args.depths, rows=rows, bandwidth=bandwidth(gguf, threads[-1], streams))
     base = rows[0]
     for row in rows:
-        cells = [f"{t}t {row['threads'][str(t)]['decode_tok_s']:.1f} tok/s "
-                 f"({row['threads'][str(t)]['decode_tok_s'] / base['threads'][str(t)]['decode_tok_s']:.2f}x)"
-                 for t in threads]
+        cells = [f"{t}t d{d} {x:.1f} tok/s ({x / base['threads'][str(t)]['decode_by_depth'][d]:.2f}x)"
+                 for t in threads for d, x in row["threads"][str(t)]["decode_by_depth"].items()
+                 if base["threads"][str(t)]["decode_by_depth"].get(d)]
         print(f"{row['contender']}: {'; '.join(cells)}; max RSS {row['max_rss_mib']:.0f} MiB "
-              f"({row['max_rss_mib'] / base['max_rss_mib']:.2f}x)")
+              f"({row['max_rss_mib'] / max(base['max_rss_mib'], 1):.2f}x)")
 
 
 if __name__ == "__main__":

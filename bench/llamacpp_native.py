@@ -1,5 +1,6 @@
 """llama.cpp built for this CPU, for the benches: the source the llama-cpp-python sdist on PyPI carries (its
-vendor/llama.cpp), built with cmake and -DGGML_NATIVE=ON (every instruction this CPU has), `llama-bench` only.
+vendor/llama.cpp), built with cmake and -DGGML_NATIVE=ON (every instruction this CPU has): `llama-bench`, and
+`llama-quantize` beside it for the other formats of the same model (`requantized`).
 
     .venv/bin/python bench/llamacpp_native.py          # build it (once; a few minutes on 2 cores) and say where
 
@@ -35,11 +36,12 @@ def cpu_flags() -> str:
     return " ".join(sorted(cpu.machine_flags()))
 
 
-def llama_bench(quiet: bool = False) -> Path | None:
-    """The path of a native `llama-bench`, built the first time; None (and why, on stderr) if it cannot be."""
+def llama_bench(quiet: bool = False, tool: str = "llama-bench") -> Path | None:
+    """The path of a native `llama-bench` (or another of its tools: `llama-quantize`), built the first time;
+    None (and why, on stderr) if it cannot be."""
     key = hashlib.sha256((VERSION + cpu_flags()).encode()).hexdigest()[:12]
     root = cache() / f"llama.cpp-{VERSION}-{key}"
-    exe = root / "build" / "bin" / "llama-bench"
+    exe = root / "build" / "bin" / tool
     if exe.exists():
         return exe
     missing = [tool for tool in ("cmake", "c++") if not shutil.which(tool)]
@@ -66,12 +68,33 @@ def llama_bench(quiet: bool = False) -> Path | None:
         subprocess.run(["cmake", "-S", str(source), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
                         "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                         "-DLLAMA_BUILD_SERVER=OFF", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=say)
-        subprocess.run(["cmake", "--build", str(root / "build"), "--target", "llama-bench", "-j",
+        subprocess.run(["cmake", "--build", str(root / "build"), "--target", tool, "-j",
                         str(os.cpu_count() or 1)], check=True, stdout=say)
     except (subprocess.CalledProcessError, OSError, tarfile.TarError) as e:
         print(f"bench: llama.cpp did not build natively ({e})", file=sys.stderr)
         return None
     return exe if exe.exists() else None
+
+
+def requantized(gguf: Path, fmt: str) -> Path | None:
+    """The model of `gguf` in another of llama.cpp's formats (Q4_0, Q4_K_M, ...), made once by its own
+    llama-quantize from that file (`--allow-requantize`: from its own quantized numbers, the most precise this
+    machine has) and cached beside the build; the file itself if it is in that format already (its name says
+    so); None if llama-quantize cannot be had."""
+    if gguf.stem.endswith(f".{fmt}"):
+        return gguf
+    out = cache() / "requantized" / f"{gguf.stem.rsplit('.', 1)[0]}.{fmt}-from-{gguf.stem.rsplit('.', 1)[-1]}.gguf"
+    if out.exists():
+        return out
+    exe = llama_bench(quiet=True, tool="llama-quantize")
+    if exe is None:
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_suffix(".part")
+    subprocess.run([str(exe), "--allow-requantize", str(gguf), str(part), fmt], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    part.rename(out)
+    return out
 
 
 if __name__ == "__main__":

@@ -34,29 +34,46 @@ def provenance(r: dict[str, Any]) -> str:
 
 def llamacpp(r: dict[str, Any]) -> str:
     threads = [str(t) for t in r["thread_counts"]]
+    depths = [str(d) for d in r.get("depths", [0])]  # (older records: after a short prompt only)
     anchor = next(row for row in r["rows"] if row["anchor"])
-    head = ["contender"] + [f"decode, {t} thread{'s' * (t != '1')}" for t in threads]
+
+    def decode(row: dict, t: str, d: str) -> float | None:
+        cells = row["threads"][t]
+        return cells.get("decode_by_depth", {}).get(d, cells.get("decode_tok_s") if d == depths[0] else None)
+
+    plural = {t: f"{t} thread{'s' * (t != '1')}" for t in threads}
+    head = ["contender"] + [f"decode, {plural[t]}" + (f", after {d} tokens" if d != "0" else "")
+                            for d in depths for t in threads]
     head += [f"prefill {r['prompt']}, {t}t" for t in threads] + ["max RSS"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in r["rows"]:
-        cells = [row["contender"]]
-        for t in threads:
-            x, base = row["threads"][t]["decode_tok_s"], anchor["threads"][t]["decode_tok_s"]
-            cells.append(f"{x:.1f} tok/s" + ("" if row["anchor"] else f" (**{x / base:.2f}x**)"))
+        cells = [f"**{row['contender']}**" if row["anchor"] else row["contender"]]
+        for d in depths:
+            for t in threads:
+                x, base = decode(row, t, d), decode(anchor, t, d)
+                cells.append("" if x is None else f"{x:.1f} tok/s" + ("" if row["anchor"] or not base
+                                                                     else f" (**{x / base:.2f}x**)"))
         for t in threads:
             x, base = row["threads"][t].get("prefill_tok_s"), anchor["threads"][t].get("prefill_tok_s")
             cells.append("" if x is None else f"{x:.0f} tok/s" + ("" if row["anchor"] or not base
                                                                    else f" ({x / base:.2f}x)"))
         rss = row["max_rss_mib"]
-        cells.append(f"{rss:,.0f} MiB" + ("" if row["anchor"] else f" ({rss / anchor['max_rss_mib']:.2f}x)"))
+        cells.append(f"{rss:,.0f} MiB" + ("" if row["anchor"] or not anchor["max_rss_mib"]
+                                          else f" ({rss / anchor['max_rss_mib']:.2f}x)"))
         lines.append("| " + " | ".join(cells) + " |")
     text = [f"{r['model']}, greedy, {r['tokens']} new tokens, medians of {r['rounds']} rounds (contenders taking "
             "turns in every round); x: against the first row. Goals: decoding from the blocks >= 1.5x at every "
-            "thread count, max RSS <= 2x.", "", *lines]
+            "thread count" + (" and depth" if len(depths) > 1 else "") + ", max RSS <= 2x.", "", *lines]
+    if "from" in anchor:  # the anchor is llama.cpp's best, cell by cell
+        empty = [row["contender"] for row in r["rows"] if row["contender"].startswith("llama.cpp native")
+                 and not row["threads"][threads[0]].get("prefill_tok_s")]
+        text += ["", "The first row is llama.cpp's best cell by cell: " + "; ".join(
+            f"{cell}: {who.removeprefix('llama.cpp native, ')}" for cell, who in anchor["from"].items()) + "."
+            + (f" Empty cells: llama-bench failed there ({'; '.join(empty)}: its prompts crash)." if empty else "")]
     if "bandwidth" in r:
         b = r["bandwidth"]
         limit = b["bytes_per_s"] / b["bytes_per_token"]
-        best = max(row["threads"][threads[-1]]["decode_tok_s"] for row in r["rows"] if not row["anchor"])
+        best = max(decode(row, threads[-1], depths[0]) or 0 for row in r["rows"] if not row["anchor"])
         text += ["", f"The memory limit: a token reads {b['bytes_per_token'] / 2**20:.0f} MiB of weights; this "
                  f"machine streamed {b['bytes_per_s'] / 1e9:.1f} GB/s in the same run ({b['how']}), so at most "
                  f"{limit:.0f} tokens/s. lumen's best at {threads[-1]} threads: {best / limit:.0%} of it."]

@@ -27,6 +27,18 @@ def test_flags_are_the_cpus_own(monkeypatch):
     assert cpu.kernel_flags() == [f for f in cpu.KERNEL_FLAGS if f in cpu.flags()]
 
 
+def test_vendor_is_the_cpus_own():
+    """The maker against lscpu's Vendor ID (the prefetch distance the kernels are built with follows it)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        pytest.skip("needs lscpu (util-linux) to compare with")
+    line = next((ln for ln in out.splitlines() if ln.startswith("Vendor ID:")), None)
+    if line is None or cpu.arch() != "x86_64":  # (on ARM lscpu names the implementer by name, not its code)
+        pytest.skip("lscpu names no x86 vendor here")
+    assert cpu.vendor() == line.split(":", 1)[1].strip()
+
+
 def test_override_decides_as_another_cpu(monkeypatch):
     monkeypatch.setenv(cpu.OVERRIDE, "sse2 avx avx2 fma")
     assert cpu.has("avx2", "fma") and not cpu.has("avx512f")

@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,34 @@ def test_a_training_steps_freed_buffers_are_reused_not_faulted_in_again():
     held, after, faulted = out = child(code, "reused")
     assert faulted < 100, out  # (one 16 MiB buffer faulted in again would be 4,096)
     assert held >= 16 and after < 8, out  # kept while inside, handed back on leaving
+
+
+def test_a_huge_page_buffer_is_large_pages_where_linux_gives_them_and_goes_back_when_freed():
+    """huge_page_bytes: n writable bytes from a 2 MiB boundary; where the kernel's transparent huge pages are
+    on (always or madvise) the process's huge pages grow by the buffer's whole 2 MiB pages once it is written;
+    freeing the last view unmaps it (resident memory drops by it)."""
+    code = """
+        import sys, torch
+        from pathlib import Path
+        from lumen.runtime.heap import HUGE_PAGE, huge_page_bytes
+
+        def kib(field):
+            return next(int(l.split()[1]) for l in Path("/proc/self/smaps_rollup").read_text().splitlines()
+                        if l.startswith(field + ":"))
+
+        before, rss = kib("AnonHugePages"), kib("Rss")
+        n = 24 * HUGE_PAGE + 12345
+        b = huge_page_bytes(n)
+        b[::4096] = torch.arange(len(b[::4096])).to(torch.uint8)  # every 4 KiB page written
+        ok = b.numel() == n and b.dtype == torch.uint8 and b.data_ptr() % HUGE_PAGE == 0
+        ok = ok and bool((b[::4096] == torch.arange(len(b[::4096])).to(torch.uint8)).all())
+        grown, held = kib("AnonHugePages") - before, kib("Rss") - rss
+        del b
+        print(int(ok), grown, held, kib("Rss") - rss)
+    """
+    ok, grown, held, after = child(code, "")
+    assert ok == 1
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        assert grown >= 20 * 2048  # (KiB: most of its 24 whole pages; the kernel may lack free 2 MiB frames)
+    assert held >= 24 * 2048 and after < held - 20 * 2048  # written: resident; freed: given back

@@ -33,9 +33,9 @@ import torch
 import torch.nn as nn
 
 from ..attention import KVCache, LayerCache
-from ..fetch import cache_dir
 from ..files import atomic_path
 from ..model import GPT
+from ..runtime.cache import cache_dir
 from ..runtime.compiling import check_cpp_compiler
 from . import kernels
 from .options import DECODE_OPTIONS

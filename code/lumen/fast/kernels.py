@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from ..fetch import cache_dir
 from ..files import atomic_path
 from ..runtime import cpu
+from ..runtime.cache import cache_dir
 from .quads import ROWS
 
 # x @ w.T for one float32 row x (in,) and a matrix in quads (quads.py): (4 * quads,), the rows past the
@@ -91,9 +91,21 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 # test also builds them for ARM64 and runs them under emulation)
 SOURCES = (Path(__file__).with_name("quant.cpp"), Path(__file__).with_name("attend.cpp"))
 HEADERS = (Path(__file__).with_name("quads.h"), Path(__file__).with_name("attend.h"))
+# How far ahead of its reads a block product asks for memory (quads.h's LUMEN_AHEAD_BYTES), by the CPU's maker,
+# as measured (docs/speed.md): AMD's Zen 5 best at 16 KiB (quads.h's default), Intel's Sapphire Rapids at 2 KiB
+# (at 16 KiB a token's products took ~30% more CPU time there)
+AHEAD_BYTES = {"GenuineIntel": 2048, "AuthenticAMD": 16384}
+
+
+def ahead_flags() -> list[str]:
+    """The prefetch distance for this CPU's maker as a compiler flag (none for a maker not measured)."""
+    ahead = AHEAD_BYTES.get(cpu.vendor())
+    return [] if ahead is None else [f"-DLUMEN_AHEAD_BYTES={ahead}"]
+
+
 # OpenMP too: ATen's parallel_for is written in its headers as an OpenMP loop, so a kernel built without it
 # runs every row on one thread whatever torch.set_num_threads says
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+CFLAGS = ["-O3", "-march=native", "-fopenmp", *ahead_flags()]
 
 _library: bool | None = None  # not yet tried, built and loaded, or unavailable here
 

@@ -34,8 +34,13 @@ namespace lumen_quads {
 constexpr int64_t BLOCK = 32;
 // How far ahead a product asks for memory: a product reads each weight once, from memory, in one stream (see
 // the quads below), and the CPU's own prefetcher may not run far enough ahead of it to keep the memory busy
-// (far enough: the bytes that arrive during one memory latency; docs/speed.md has the distances measured).
-constexpr int64_t AHEAD_BYTES = 16384;
+// (far enough: the bytes that arrive during one memory latency). The best distance is the CPU's: quant.py
+// builds with the one measured for its maker (docs/speed.md has the distances measured: 16 KiB on AMD's Zen 5,
+// 2 KiB on Intel's Sapphire Rapids, where 16 KiB evicts from L1 what the product has yet to read).
+#ifndef LUMEN_AHEAD_BYTES
+#define LUMEN_AHEAD_BYTES 16384
+#endif
+constexpr int64_t AHEAD_BYTES = LUMEN_AHEAD_BYTES;
 
 #if defined(__x86_64__)
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }

@@ -68,6 +68,13 @@ def name() -> str:
     return info.get("model name") or info.get("Model") or platform.processor() or platform.machine()
 
 
+def vendor() -> str:
+    """The CPU's maker as the CPU names itself ("GenuineIntel", "AuthenticAMD"; on ARM Linux the implementer's
+    code, "0x41" for Arm's own designs), or "" where /proc/cpuinfo does not say."""
+    info = _cpuinfo()
+    return info.get("vendor_id") or info.get("CPU implementer") or ""
+
+
 def arch() -> str:
     """"x86_64" or "aarch64" (what the block kernels are built for), else the platform's own word."""
     machine = platform.machine().lower()
