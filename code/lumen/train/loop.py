@@ -330,8 +330,8 @@ class Trainer:
             assert self.run_dir is not None  # saving implies cfg.save
             # (sharded runs are AdamW's: TrainConfig refuses Muon with FSDP)
             shards = self.opt if self.sharded and isinstance(self.opt, torch.optim.Optimizer) else None
-            path = self.run_dir.save(self.step, self.raw, self.tokenizer, meta, state, val, improved,
-                                     self.cfg.keep_last, optimizer=shards, main=self.dist.main)
+            path = self.run_dir.save(self.step, lambda p: self.write_checkpoint(p, meta, state, shards), val,
+                                     improved, self.cfg.keep_last, main=self.dist.main)
             if self.writes:
                 self.run_dir.plot(self.history, title=f"{self.run_dir.path.name}: {self.model_cfg.name}")
         self.saved = (self.step, path)
