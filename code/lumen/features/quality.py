@@ -60,8 +60,8 @@ def _spliced(model: GPT, sae: SAE, skip: int) -> Iterator[dict[str, torch.Tensor
     """features.spliced, the first `skip` positions left as the model's own (the reconstruction in the model's
     dtype)."""
     if not skip:
-        with spliced(model, sae) as seen:
-            yield seen
+        with spliced(model, sae) as found:
+            yield found
         return
     if isinstance(sae, Transcoder):
         raise UserError("skip (leaving out the first positions) is for SAEs, not transcoders")

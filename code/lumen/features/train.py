@@ -43,15 +43,15 @@ import torch
 
 from .. import names
 from ..data import TokenData, prepare
-from ..errors import ConfigError, UserError
-from ..files import atomic_dir
+from ..errors import ConfigError, LumenError, UserError
+from ..files import atomic_dir, write_text
 from ..formats import checkpoint as ckpt
 from ..inspect.cache import capture
 from ..model import GPT
 from ..progress import progress
 from ..tokenizers import Tokenizer
 from ..train.optim import lr_at, set_lr
-from ..train.rundir import RunDir
+from ..train.rundir import METRICS, RunDir
 from ..train.steps import Loop
 from .dictionary import SAE, BatchTopK, ReLU, TopK
 from .quality import Quality, quality
@@ -189,7 +189,10 @@ class SAETrainer(Loop):
         torch.manual_seed(cfg.seed)
         act = {"topk": TopK(cfg.k), "batchtopk": BatchTopK(cfg.k), "relu": ReLU()}[cfg.kind]
         self.sae = SAE(d_in, cfg.width * d_in, act, site=cfg.site)
-        check_fits(model, self.sae)
+        try:
+            check_fits(model, self.sae)
+        except LumenError as e:
+            raise UserError(f"--site {cfg.site}: {e}") from None
         self.opt = torch.optim.Adam(self.sae.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=6.25e-10)
         self.scale = 1.0                                    # the activations are divided by this power of two
         self.since_fired = torch.zeros(self.sae.d_sae, dtype=torch.long)   # tokens since each latent last fired
@@ -243,8 +246,16 @@ class SAETrainer(Loop):
         """The loss of a batch of activations x (n, d_in) and its parts."""
         sae, cfg = self.sae, self.cfg
         pre = sae.pre(x)
-        f = sae.act(pre)
-        x_hat = sae.decode(f)
+        if cfg.kind == "topk":
+            # the same as decode(act(pre)), reading only the k active rows of W_dec for each token (k x d_in
+            # products instead of d_sae x d_in)
+            top = pre.topk(cfg.k, dim=-1)
+            active = top.values.relu()
+            x_hat = torch.einsum("nk,nkd->nd", active, sae.W_dec[top.indices]) + sae.b_dec
+            f = torch.zeros_like(pre).scatter(-1, top.indices, active.detach())
+        else:
+            f = sae.act(pre)
+            x_hat = sae.decode(f)
         # mse: the fraction of the batch's variance the reconstruction leaves unexplained
         parts = {"mse": fvu(x, x_hat)}
         if cfg.kind == "relu":
@@ -257,11 +268,12 @@ class SAETrainer(Loop):
                 # (the live latents' left out), as a fraction of the error's variance; its gradient reaches
                 # only the dead latents' encoder and decoder rows
                 e = (x - x_hat).detach()
-                k_aux = min(cfg.aux_k or sae.d_in // 2, int(dead.sum()))
-                dead_pre = pre.masked_fill(~dead, -math.inf)
+                which = dead.nonzero().squeeze(1)
+                k_aux = min(cfg.aux_k or sae.d_in // 2, len(which))
+                dead_pre = pre[:, which]
                 top = dead_pre.topk(k_aux, dim=-1)
-                f_aux = torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
-                e_hat = f_aux @ sae.W_dec
+                f_aux = torch.zeros_like(dead_pre).scatter(-1, top.indices, top.values.relu())
+                e_hat = f_aux @ sae.W_dec[which]
                 parts["aux"] = cfg.aux_coef * fvu(e, e_hat).nan_to_num(0.0)
         with torch.no_grad():
             fired = (f > 0).any(0)
@@ -297,7 +309,8 @@ class SAETrainer(Loop):
         self.step += 1
         self.tokens += cfg.batch
         return {"loss": loss.item(), **{k: v.item() for k, v in parts.items()}, "l0": self.l0, "lr": lr,
-                "dead": float((self.since_fired >= cfg.dead_after).float().mean())}
+                "dead": float((self.since_fired >= cfg.dead_after).float().mean()),
+                "model_s": round(self.seconds["model"], 2), "sae_s": round(self.seconds["sae"], 2)}
 
     def log_line(self, rec: dict) -> dict[str, str]:
         return {"fvu": f"{rec['mse']:.3f}", "l0": f"{rec['l0']:.1f}", "dead": f"{rec['dead']:.1%}"}
@@ -375,6 +388,8 @@ class SAETrainer(Loop):
             state = self.restore(start)
             self.step, self.tokens, self.best = state["step"], state["tokens"], state["best"]
             self.history = self.run_dir.history(upto=self.step)
+            # the steps after the checkpoint were lost: their records go too, to be written again
+            write_text(self.run_dir.path / METRICS, "".join(json.dumps(r) + "\n" for r in self.history))
             if self.talks:
                 print(f"{self.what}: resuming from {start} (step {self.step})", file=sys.stderr)
         else:
@@ -383,7 +398,7 @@ class SAETrainer(Loop):
                 self.cfg.same_run(json.loads(settings.read_text()), self.run_dir.path)
             self.run_dir.path.mkdir(parents=True, exist_ok=True)
             settings.write_text(json.dumps(self.cfg.to_dict(), indent=1) + "\n")
-            (self.run_dir.path / "metrics.jsonl").write_text("")
+            write_text(self.run_dir.path / METRICS, "")
             self.history = []
 
     # the run ------------------------------------------------------------------------------------------
