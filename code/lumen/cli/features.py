@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -175,6 +176,11 @@ def train(args: argparse.Namespace) -> int:
               "steps": trainer.step, "tokens_read": trainer.read_tokens, "activations_trained": trainer.tokens,
               "train_seconds_this_session": round(trained, 1), "model_seconds": round(s["model"], 1),
               "sae_seconds": round(s["sae"], 1), "report_seconds": round(s["report"], 1),
+              "model_cpu_seconds": round(s.get("model_cpu", 0.0), 1),
+              "sae_cpu_seconds": round(s.get("sae_cpu", 0.0), 1),
+              "report_cpu_seconds": round(s.get("report_cpu", 0.0), 1),
+              "process_cpu_seconds": round(time.process_time(), 1),
+              "load_average": [round(x, 2) for x in os.getloadavg()],
               "model_tokens_per_s": round(trainer.read_tokens / s["model"], 1) if s["model"] else None,
               "sae_activations_per_s": round(trainer.tokens / s["sae"], 1) if s["sae"] else None,
               "skip_first": cfg.skip_first, "dtype": args.dtype, "threads": torch.get_num_threads(),

@@ -36,6 +36,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,8 +203,20 @@ class SAETrainer(Loop):
         self.stream = Activations(model, self.data, cfg.site, cfg)
         self.buffer_number, self.buffer, self.order = -1, torch.zeros(0), torch.zeros(0, dtype=torch.long)
         self.heldout: torch.Tensor | None = None
-        self.seconds = {"model": 0.0, "sae": 0.0}           # where the time goes (read the activations, train)
+        # where the time goes: reading the activations (model), training on them (sae), each as wall-clock and as
+        # this process's CPU seconds (on a busy machine the CPU seconds say what a quiet one would take)
+        self.seconds = {"model": 0.0, "sae": 0.0, "model_cpu": 0.0, "sae_cpu": 0.0}
         self.read_tokens = 0
+
+    @contextmanager
+    def clock(self, phase: str) -> Iterator[None]:
+        """Count the wall-clock and CPU seconds of the block to `phase`."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - wall
+            self.seconds[f"{phase}_cpu"] = self.seconds.get(f"{phase}_cpu", 0.0) + time.process_time() - cpu
 
     @property
     def lr(self) -> float:
@@ -217,9 +231,8 @@ class SAETrainer(Loop):
         """Buffer `number`: its activations and the order they are used in, both from its own generator."""
         cfg = self.cfg
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + number)
-        t0 = time.perf_counter()
-        acts = self.stream.read("train", cfg.buffer_tokens, gen, f"reading buffer {number} of {cfg.site}")
-        self.seconds["model"] += time.perf_counter() - t0
+        with self.clock("model"):
+            acts = self.stream.read("train", cfg.buffer_tokens, gen, f"reading buffer {number} of {cfg.site}")
         self.read_tokens += math.ceil(cfg.buffer_tokens / (cfg.seq_len - cfg.skip_first)) * cfg.seq_len
         self.buffer = acts / self.scale
         self.order = torch.cat([torch.randperm(cfg.buffer_tokens, generator=gen) for _ in range(cfg.reuse)])
@@ -283,9 +296,13 @@ class SAETrainer(Loop):
         return parts
 
     def train_step(self) -> dict:
-        cfg = self.cfg
         x = self.batch_at(self.step)
-        t0 = time.perf_counter()
+        with self.clock("sae"):
+            return self.optimizer_step(x)
+
+    def optimizer_step(self, x: torch.Tensor) -> dict:
+        """One step of Adam on the batch x."""
+        cfg = self.cfg
         lr = lr_at(self.step, self.lr, 0.0, cfg.warmup, self.steps, "wsd", cfg.decay)
         set_lr(self.opt, lr)
         parts = self.losses(x)
@@ -305,7 +322,6 @@ class SAETrainer(Loop):
             self.opt.step()
             W.div_(W.norm(dim=-1, keepdim=True))
         self.opt.zero_grad(set_to_none=True)
-        self.seconds["sae"] += time.perf_counter() - t0
         self.step += 1
         self.tokens += cfg.batch
         return {"loss": loss.item(), **{k: v.item() for k, v in parts.items()}, "l0": self.l0, "lr": lr,
@@ -321,9 +337,8 @@ class SAETrainer(Loop):
         """FVU, L0 and the latents that never fire, on held-out activations (the validation split's)."""
         if self.heldout is None:
             gen = torch.Generator().manual_seed(self.cfg.seed + 7)
-            t0 = time.perf_counter()
-            self.heldout = self.stream.read("val", self.cfg.eval_tokens, gen, "reading held-out activations")
-            self.seconds["model"] += time.perf_counter() - t0
+            with self.clock("model"):
+                self.heldout = self.stream.read("val", self.cfg.eval_tokens, gen, "reading held-out activations")
         x = self.heldout / self.scale
         f = torch.cat([self.sae.encode(part) for part in x.split(self.cfg.batch)])
         x_hat = self.sae.decode(f)
@@ -427,9 +442,8 @@ class SAETrainer(Loop):
 
     def report(self, windows: torch.Tensor) -> Quality:
         """The trained dictionary on held-out windows, with the cross-entropy it recovers spliced in."""
-        t0 = time.perf_counter()
-        q = quality(self.model, self.dictionary(), windows, skip=self.cfg.skip_first)
-        self.seconds["report"] = time.perf_counter() - t0
+        with self.clock("report"):
+            q = quality(self.model, self.dictionary(), windows, skip=self.cfg.skip_first)
         return q
 
 
