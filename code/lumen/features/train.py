@@ -206,7 +206,6 @@ class SAETrainer(Loop):
         # where the time goes: reading the activations (model), training on them (sae), each as wall-clock and as
         # this process's CPU seconds (on a busy machine the CPU seconds say what a quiet one would take)
         self.seconds = {"model": 0.0, "sae": 0.0, "model_cpu": 0.0, "sae_cpu": 0.0}
-        self.read_tokens = 0
 
     @contextmanager
     def clock(self, phase: str) -> Iterator[None]:
@@ -223,6 +222,12 @@ class SAETrainer(Loop):
         return self.cfg.lr or 2e-4 / math.sqrt(self.cfg.width * self.model.cfg.d_model / 2**14)
 
     @property
+    def read_tokens(self) -> int:
+        """The model's tokens read into the buffers the steps so far used (the positions skipped included)."""
+        buffers = math.ceil(self.step / self.steps_per_buffer)
+        return buffers * math.ceil(self.cfg.buffer_tokens / (self.cfg.seq_len - self.cfg.skip_first)) * self.cfg.seq_len
+
+    @property
     def steps_per_buffer(self) -> int:
         return self.cfg.buffer_tokens * self.cfg.reuse // self.cfg.batch
 
@@ -233,7 +238,6 @@ class SAETrainer(Loop):
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + number)
         with self.clock("model"):
             acts = self.stream.read("train", cfg.buffer_tokens, gen, f"reading buffer {number} of {cfg.site}")
-        self.read_tokens += math.ceil(cfg.buffer_tokens / (cfg.seq_len - cfg.skip_first)) * cfg.seq_len
         self.buffer = acts / self.scale
         self.order = torch.cat([torch.randperm(cfg.buffer_tokens, generator=gen) for _ in range(cfg.reuse)])
         self.buffer_number = number
@@ -366,8 +370,7 @@ class SAETrainer(Loop):
         return {"optimizer": self.opt.state_dict(), "step": self.step, "tokens": self.tokens, "best": self.best,
                 "data_generator": torch.tensor([self.cfg.seed, self.step]),   # the data position is the step
                 "torch_rng": [torch.get_rng_state()], "world": 1, "train_config": json.dumps(self.cfg.to_dict()),
-                "scale": self.scale, "since_fired": self.since_fired.clone(), "seconds": dict(self.seconds),
-                "read_tokens": self.read_tokens}
+                "scale": self.scale, "since_fired": self.since_fired.clone(), "seconds": dict(self.seconds)}
 
     def write_checkpoint(self, path: Path, meta: dict, state: dict) -> None:
         with atomic_dir(path) as tmp:
@@ -390,7 +393,7 @@ class SAETrainer(Loop):
             self.sae.b_dec.div_(self.scale)
         self.opt.load_state_dict(state["optimizer"])
         self.since_fired = state["since_fired"]
-        self.seconds, self.read_tokens = dict(state["seconds"]), int(state["read_tokens"])
+        self.seconds = dict(state["seconds"])
         torch.set_rng_state(state["torch_rng"][0])
         return state
 
