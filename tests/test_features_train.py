@@ -198,3 +198,39 @@ def test_a_diverging_run_stops_with_one_line(tiny, tmp_path):
     trainer.buffer[:] = float("nan")
     with pytest.raises(TrainingError, match="became nan"):
         trainer.train_step()
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(tiny, tmp_path):
+    """The command itself, killed with kill -9 once its first checkpoint is on disk, then resumed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root, _, _ = tiny
+    env = {**os.environ, "LUMEN_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+    def command(out: Path, *more: str) -> list[str]:
+        return [sys.executable, "-m", "lumen", "features", "train", str(root / "run"), "--site", SITE, "--k", "4",
+                "--width", "4x", "--tokens", "2048", "--batch", "32", "--buffer-tokens", "128", "--eval-interval",
+                "3", "--eval-tokens", "64", "--report-windows", "2", "--dtype", "float32", "--corpus",
+                str(root / "corpus"), "--seq-len", "32", "-q", "--out", str(out), *more]
+
+    whole = subprocess.run(command(tmp_path / "whole"), env=env, capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr
+    proc = subprocess.Popen(command(tmp_path / "killed"), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    checkpoints = tmp_path / "killed" / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (checkpoints.is_dir() and any(checkpoints.iterdir())):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "killed" / FINAL).exists()    # killed before the end
+    again = subprocess.run(command(tmp_path / "killed", "--resume"), env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr
+    a, b = weights(tmp_path / "whole" / FINAL), weights(tmp_path / "killed" / FINAL)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -400,22 +400,12 @@ class SAETrainer(Loop):
     def open_run_dir(self, resume: bool) -> None:
         assert self.run_dir is not None
         self.run_dir.check(resume)
-        self.run_dir.tidy()
-        start = self.run_dir.resume_point(say=self.talks) if resume else None
-        if start is not None:
-            state = self.restore(start)
-            self.step, self.tokens, self.best = state["step"], state["tokens"], state["best"]
-            self.history = self.run_dir.history(upto=self.step)
-            # the steps after the checkpoint were lost: their records go too, to be written again
-            write_text(self.run_dir.path / METRICS, "".join(json.dumps(r) + "\n" for r in self.history))
-            if self.talks:
-                print(f"{self.what}: resuming from {start} (step {self.step})", file=sys.stderr)
-        else:
+        if self.resume(resume) is None:      # a fresh run (or --resume before the first checkpoint)
             settings = self.run_dir.path / SETTINGS
             if resume and settings.exists():
                 self.cfg.same_run(json.loads(settings.read_text()), self.run_dir.path)
             self.run_dir.path.mkdir(parents=True, exist_ok=True)
-            settings.write_text(json.dumps(self.cfg.to_dict(), indent=1) + "\n")
+            write_text(settings, json.dumps(self.cfg.to_dict(), indent=1) + "\n")
             write_text(self.run_dir.path / METRICS, "")
             self.history = []
 

@@ -22,6 +22,7 @@ A trainer subclasses Loop and supplies its parts:
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -29,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TrainingError
+from ..files import write_text
 from .machine import TrainingInterrupted, ctrl_c
-from .rundir import RunDir
+from .rundir import METRICS, RunDir
 
 
 class Loop:
@@ -177,6 +179,8 @@ class Loop:
             state = self.restore(start)
             self.step, self.tokens, self.best = state["step"], state["tokens"], state["best"]
             self.history = self.run_dir.history(upto=self.step)
+            # the steps after the checkpoint were lost: their records go too, to be written again
+            write_text(self.run_dir.path / METRICS, "".join(json.dumps(r) + "\n" for r in self.history))
             if self.talks:
                 print(f"{self.what}: resuming from {start} (step {self.step})", file=sys.stderr)
         return start
