@@ -177,12 +177,17 @@ def test_the_command_trains_a_dictionary_that_lumen_features_reads(tiny, tmp_pat
     assert report["steps"] == 8 and report["l0"] <= 4 and 0 < report["fvu"] and report["site"] == SITE
     cfg = json.loads((tmp_path / "out" / FINAL / "cfg.json").read_text())
     assert cfg["architecture"] == "topk" and cfg["k"] == 4 and cfg["d_sae"] == 128
-    assert cfg["metadata"]["hook_name"] == "blocks.1.hook_resid_post"
+    assert cfg["metadata"]["hook_name"] == "blocks.1.hook_resid_post" and cfg["metadata"]["lumen_skip_first"] == 1
     assert read_saelens(tmp_path / "out" / FINAL).site == SITE
-    code, out, err = lumen(str(root / "run"), "--sae", str(tmp_path / "out" / FINAL), "--windows", "2",
-                           "--skip-first", "1", "--json", *common)
+    # measured again by `lumen features`, which leaves out the first position as cfg.json records: 2 windows of 31
+    code, out, err = lumen(str(root / "run"), "--sae", str(tmp_path / "out" / FINAL), "--windows", "2", "--json",
+                           *common)
     assert code == 0, err
-    assert json.loads(out)["l0"] <= 4
+    again = json.loads(out)
+    assert again["l0"] <= 4 and again["tokens"] == 2 * 31
+    code, out, err = lumen(str(root / "run"), "--sae", str(tmp_path / "out" / FINAL), "--windows", "2",
+                           "--skip-first", "0", "--json", *common)
+    assert code == 0 and json.loads(out)["tokens"] == 2 * 32, err
     # bad input: one line, exit 2
     for bad, said in ((["--site", "blocks.9.resid_post"], "--site blocks.9.resid_post"),
                       (["--site", SITE, "--width", "x8"], "--width"), (["--site", SITE, "--k", "0"], "--k")):

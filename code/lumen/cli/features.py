@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                    help="a SAELens folder (cfg.json + sae_weights.safetensors) or hf:ORG/NAME/FOLDER")
     p.add_argument("--skip-first", type=int, default=None,
                    help="leave the first N positions of each window out of the measures (keeping the model's own "
-                        "activation there): a model with an attention sink (default: 0; train: 1)")
+                        "activation there): a model with an attention sink (default: what the dictionary's cfg.json "
+                        "records as lumen_skip_first, else 0; train: 1)")
     p.add_argument("--feature", type=int, help="one feature (default: measure the whole dictionary)")
     add_text_arguments(p, seq_len=64, windows=32)
     p.add_argument("--contexts", type=int, default=8, help="top-activating contexts shown for --feature")
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from ..features.quality import quality
     from ..features.splice import check_fits
     from ..features.tools import check_feature, feature_logits, top_contexts, writes_stream
+    from ..features.train import recorded_skip
     from ..inspect.neurons import shifted_tokens
 
     if args.model == "train":
@@ -89,10 +91,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--sae DICT is required (a SAELens folder or hf:ORG/NAME/FOLDER); or train one with "
                         "`lumen features train MODEL --site SITE --out DIR`")
     args.tokens = 8 if args.tokens is None else args.tokens
-    skip = args.skip_first or 0
     at_least(args, "windows", "contexts", "tokens")
     at_least(args, "seq_len", least=2)
     sae = read_saelens(args.sae)                      # the small file first: a bad one fails before the model loads
+    # the first positions a lumen-trained dictionary never saw (its cfg.json says), unless --skip-first says
+    skip = recorded_skip(args.sae) if args.skip_first is None else args.skip_first
     if args.feature is not None:
         check_feature(sae, args.feature)
     check_corpus(args.corpus)                         # a missing corpus before the model loads

@@ -63,6 +63,18 @@ KINDS = ("topk", "batchtopk", "relu")
 SETTINGS = "sae_train.json"   # the run's settings, in its folder
 FINAL = "sae"                 # the trained dictionary, in its folder (SAELens's format)
 NEEDS = (CONFIG, WEIGHTS, ckpt.TRAINER)   # what a dictionary's checkpoint holds
+SKIP_KEY = "lumen_skip_first"             # cfg.json's metadata: the first positions the dictionary never saw
+
+
+def recorded_skip(spec: str | Path) -> int:
+    """The first positions a dictionary was trained without, as its cfg.json records them (0 when it does not)."""
+    from .saelens import locate
+
+    try:
+        value = json.loads((locate(spec) / CONFIG).read_text()).get("metadata", {}).get(SKIP_KEY, 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 @dataclass(frozen=True)
@@ -366,6 +378,15 @@ class SAETrainer(Loop):
             out.b_dec.mul_(self.scale)
         return out
 
+    def save_dictionary(self, path: Path) -> None:
+        """The dictionary in SAELens's format, its cfg.json's metadata naming the positions it was trained
+        without (`lumen features --sae` leaves them out by default) and the model it read."""
+        save_saelens(self.dictionary(), path)
+        cfg = json.loads((path / CONFIG).read_text())
+        cfg["metadata"].update({SKIP_KEY: self.cfg.skip_first, "model_name": self.model_name,
+                                "dataset_path": self.cfg.corpus, "context_size": self.cfg.seq_len})
+        write_text(path / CONFIG, json.dumps(cfg, indent=1) + "\n")
+
     def trainer_state(self) -> dict:
         return {"optimizer": self.opt.state_dict(), "step": self.step, "tokens": self.tokens, "best": self.best,
                 "data_generator": torch.tensor([self.cfg.seed, self.step]),   # the data position is the step
@@ -374,7 +395,7 @@ class SAETrainer(Loop):
 
     def write_checkpoint(self, path: Path, meta: dict, state: dict) -> None:
         with atomic_dir(path) as tmp:
-            save_saelens(self.dictionary(), tmp / FINAL)
+            self.save_dictionary(tmp / FINAL)
             for f in (tmp / FINAL).iterdir():
                 f.replace(tmp / f.name)
             (tmp / FINAL).rmdir()
@@ -430,7 +451,7 @@ class SAETrainer(Loop):
             bar.close()
         final = self.dictionary()
         if self.run_dir is not None:
-            save_saelens(final, self.run_dir.path / FINAL)
+            self.save_dictionary(self.run_dir.path / FINAL)
         return final
 
     def report(self, windows: torch.Tensor) -> Quality:
