@@ -239,3 +239,31 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_weights(tiny, tmp_path):
     assert again.returncode == 0, again.stderr
     a, b = weights(tmp_path / "whole" / FINAL), weights(tmp_path / "killed" / FINAL)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_fvu_without_massive_activations_is_its_formula(tiny):
+    """A token whose embedding is made 1000x larger carries a massive stream: quality's fvu_typical leaves its
+    positions out (a norm >= 10x the median), computed here again from the site's activations."""
+    import copy
+
+    from lumen.features.quality import quality
+    from lumen.features.train import SAE, TopK
+    from lumen.inspect import run_with_cache
+
+    _, model, _ = tiny
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        model.tok_emb.weight[5] *= 1000
+    torch.manual_seed(0)
+    sae = SAE(model.cfg.d_model, 64, TopK(4), site=SITE)
+    windows = torch.randint(0, model.cfg.vocab_size, (4, 16), generator=torch.Generator().manual_seed(2))
+    windows[1, 7] = windows[2, 3] = 5
+    q = quality(model, sae, windows, batch=4, skip=1)
+    x = run_with_cache(model, windows, names=[SITE])[1][SITE][:, 1:].flatten(0, 1).double()
+    x_hat = sae(x.float()).double()
+    norms = x.norm(dim=-1)
+    typical = norms < 10 * norms.median()
+    xt, et = x[typical], (x - x_hat)[typical]
+    assert q.massive == int((~typical).sum()) == int((windows[:, 1:] == 5).sum()) >= 2
+    assert q.fvu_typical == pytest.approx(float(et.pow(2).sum() / (xt - xt.mean(0)).pow(2).sum()), rel=1e-4)
+    assert q.fvu == pytest.approx(float((x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum()), rel=1e-4)

@@ -107,10 +107,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"site": sae.site, "d_sae": sae.d_sae, **q.to_dict()}))
             return 0
         print(f"{sae.d_sae:,} features on {sae.site} ({type(sae.act).__name__}), {q.tokens:,} tokens of {args.corpus}")
-        print(f"  fraction of variance unexplained {q.fvu:.3f}   L0 {q.l0:.1f}   dead {q.dead:.1%}")
-        print(f"  next-token loss: model {q.loss:.3f}, spliced {q.loss_spliced:.3f}, site zeroed {q.loss_zeroed:.3f}"
-              f" -> {q.ce_recovered:.1%} recovered")
-        print(f"  error |x - x_hat| {q.error_norm:.3g} per token, beside |x| {q.site_norm:.3g}")
+        show(q)
         return 0
     windows = read_windows(model, tok, args, "train", args.windows, args.seed)
     found = top_contexts(model, sae, tok, windows, args.feature, args.contexts)
@@ -194,11 +191,17 @@ def train(args: argparse.Namespace) -> int:
         return 0
     print(f"{trainer.sae.d_sae:,} {cfg.kind} latents on {cfg.site}, {trainer.step:,} steps, "
           f"{trainer.read_tokens:,} tokens read; held-out ({q.tokens:,} tokens of {cfg.corpus}):")
-    print(f"  fraction of variance unexplained {q.fvu:.3f}   L0 {q.l0:.1f}   dead {q.dead:.1%}")
-    print(f"  next-token loss: model {q.loss:.3f}, spliced {q.loss_spliced:.3f}, site zeroed {q.loss_zeroed:.3f}"
-          f" -> {q.ce_recovered:.1%} recovered")
-    print(f"  error |x - x_hat| {q.error_norm:.3g} per token, beside |x| {q.site_norm:.3g}")
+    show(q)
     print(f"  time: model {s['model']:.0f} s, dictionary {s['sae']:.0f} s, report {s['report']:.0f} s")
     print(f"wrote {Path(out) / FINAL} (read it with `lumen features {args.trained} --sae {Path(out) / FINAL} "
           f"--skip-first {cfg.skip_first}`)")
     return 0
+
+
+def show(q) -> None:
+    """A dictionary's quality (lumen.features.quality.Quality), in three lines."""
+    typical = (f" ({q.fvu_typical:.3f} without the {q.massive} massive activations)" if q.massive else "")
+    print(f"  fraction of variance unexplained {q.fvu:.3f}{typical}   L0 {q.l0:.1f}   dead {q.dead:.1%}")
+    print(f"  next-token loss: model {q.loss:.3f}, spliced {q.loss_spliced:.3f}, site zeroed {q.loss_zeroed:.3f}"
+          f" -> {q.ce_recovered:.1%} recovered")
+    print(f"  error |x - x_hat| {q.error_norm:.3g} per token, beside |x| {q.site_norm:.3g}")

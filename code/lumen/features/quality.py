@@ -2,6 +2,8 @@
 its features are dead, and how much of the model's next-token loss survives when it replaces the site.
 
     fvu          the fraction of variance unexplained: sum |x - x_hat|^2 / sum |x - mean(x)|^2
+    fvu_typical  the same without the "massive activations" (a stream 10x the median norm or more: an
+                 attention sink), which are most of the variance wherever one occurs (`massive`: how many)
     l0           active features per token, on average
     dead         the share of features that never fire on the text
     ce_recovered (loss with the site zeroed - loss spliced) / (loss with the site zeroed - the model's loss):
@@ -44,6 +46,8 @@ class Quality:
     error_norm: float       # mean |x - x_hat| per token, beside mean |x|
     site_norm: float
     tokens: int
+    fvu_typical: float = float("nan")   # the FVU without the massive activations (a norm >= 10x the median)
+    massive: int = 0                     # how many tokens those are
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,6 +92,9 @@ def quality(model: GPT, sae: SAE, windows: torch.Tensor, batch: int = 8, skip: i
     losses = torch.zeros(3, dtype=torch.float64)
     fired = torch.zeros(sae.d_sae, dtype=torch.bool)
     first, total = None, torch.zeros(0)
+    # the same sums over the typical tokens: a stream whose norm is 10x the median or more (an attention sink
+    # elsewhere than the first position, a "massive activation") is most of the variance wherever it occurs
+    limit, typ_total, typ_sq, typ_err, typ_n = None, torch.zeros(0), 0.0, 0.0, 0
     for start in progress(range(0, windows.size(0), batch), desc=f"measuring the dictionary on {site}", unit="batch"):
         x_ids = windows[start:start + batch].to(model.device)
         losses[0] += float(_loss(model(x_ids)[0], x_ids, skip))
@@ -108,12 +115,21 @@ def quality(model: GPT, sae: SAE, windows: torch.Tensor, batch: int = 8, skip: i
         site_norm += float(x.norm(dim=-1).sum())
         l0 += float((f > 0).sum())
         fired |= (f > 0).flatten(0, 1).any(0).cpu()
+        norms = x.norm(dim=-1).flatten()
+        limit = 10 * float(norms.median()) if limit is None else limit
+        typical = norms < limit
+        typ_total = centred[typical].sum(0) if start == 0 else typ_total + centred[typical].sum(0)
+        typ_sq += float(centred[typical].pow(2).sum())
+        typ_err += float((x - x_hat).flatten(0, 1)[typical].pow(2).sum())
+        typ_n += int(typical.sum())
     n = windows[:, skip:].numel()
     var_sum -= float(total.pow(2).sum()) / n   # sum |x - mean|^2 = sum |x - s|^2 - n |mean - s|^2
+    typ_var = typ_sq - float(typ_total.pow(2).sum()) / max(typ_n, 1)
     predicted = windows[:, skip + 1:].numel()
     loss, spliced_loss, zeroed = (losses / predicted).tolist()
     gap = zeroed - loss
     return Quality(fvu=err_sq / var_sum, l0=l0 / n, dead=1 - float(fired.float().mean()), loss=loss,
                    loss_spliced=spliced_loss, loss_zeroed=zeroed,
                    ce_recovered=(zeroed - spliced_loss) / gap if gap else float("nan"),
-                   error_norm=err_norm / n, site_norm=site_norm / n, tokens=n)
+                   error_norm=err_norm / n, site_norm=site_norm / n, tokens=n,
+                   fvu_typical=typ_err / typ_var if typ_var > 0 else float("nan"), massive=n - typ_n)
