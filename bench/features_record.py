@@ -27,6 +27,7 @@ def row(out: Path, name: str, note: str, cores: int, measured: Path | None) -> d
     r = json.loads((out / "report.json").read_text())
     s = r["settings"]
     q = json.loads(measured.read_text()) if measured else r
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"val_loss"' in line]
     cpu = r.get("model_cpu_seconds", 0.0) + r.get("sae_cpu_seconds", 0.0)
     return {"name": name, "note": note, "model": r["model"], "site": r["site"], "kind": r["kind"], "k": r["k"],
             "d_sae": r["d_sae"], "tokens_read": r["tokens_read"], "steps": r["steps"], "batch": s["batch"],
@@ -36,6 +37,7 @@ def row(out: Path, name: str, note: str, cores: int, measured: Path | None) -> d
             "model_tokens_per_s": r["model_tokens_per_s"], "model_tokens_per_cpu_s":
                 r["tokens_read"] / r["model_cpu_seconds"] if r.get("model_cpu_seconds") else None,
             "load_average_end": r.get("load_average"), "fvu": q["fvu"], "fvu_typical": q.get("fvu_typical"),
+            "fvu_eval": evals[-1]["val_loss"] if evals else None, "eval_tokens": s["eval_tokens"],
             "massive": q.get("massive"), "l0": q["l0"], "dead": q["dead"], "ce_recovered": q["ce_recovered"],
             "loss": q["loss"], "loss_spliced": q["loss_spliced"], "error_norm": q["error_norm"],
             "site_norm": q["site_norm"], "heldout_tokens": q["tokens"], "skip_first": r["skip_first"],

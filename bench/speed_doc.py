@@ -220,7 +220,9 @@ def features(r: dict[str, Any]) -> str:
     rows = []
     for x in r["rows"]:
         load = x.get("load_average_end")
-        fvu = x["fvu_typical"] if x.get("fvu_typical") is not None else x["fvu"]
+        # the FVU without massive activations: quality's, else the last evaluation's (held-out activations that
+        # held none)
+        fvu = x["fvu_typical"] if x.get("fvu_typical") is not None else x.get("fvu_eval", x["fvu"])
         met = (fvu <= g["fvu"] and x["dead"] < g["dead"] and x["ce_recovered"] >= g["ce_recovered"]
                and x["train_seconds"] <= 60 * g["minutes"])
         rows.append([x["name"], x["note"], f"{x['kind']} k={x['k']}, {x['d_sae']:,} latents, batch {x['batch']:,}"
@@ -229,7 +231,8 @@ def features(r: dict[str, Any]) -> str:
                      f"{x['model_tokens_per_s']:,.0f} tok/s" + (f" ({x['model_tokens_per_cpu_s']:,.0f} per CPU-s)"
                                                                  if x.get("model_tokens_per_cpu_s") else ""),
                      f"{load[0]:.0f}" if load else "", f"{x['quiet_seconds_estimate'] / 60:.1f} min",
-                     f"{fvu:.3f}" + (f" ({x['fvu']:.3f} with {x['massive']})" if x.get("massive") else ""),
+                     f"{fvu:.3f}" + (f" ({x['fvu']:.3f} with {x['massive']})" if x.get("massive") else
+                                     f" ({x['fvu']:.3f} with them)" if x.get("fvu_typical") is None else ""),
                      f"{x['l0']:.1f}", f"{x['dead']:.1%}",
                      f"{x['ce_recovered']:.1%} (+{x['loss_spliced'] - x['loss']:.2f} nats)",
                      f"{x['error_norm']:.3g} / {x['site_norm']:.3g}", "**yes**" if met else "no"])
@@ -240,7 +243,8 @@ def features(r: dict[str, Any]) -> str:
             "each left out (the attention sink: features/quality.py, skip); the cross-entropy recovered is against "
             "zeroing the site. FVU: without the massive activations (a stream 10x the median norm or more, an "
             "attention sink elsewhere than the first position: most of the variance wherever one falls), in "
-            "brackets with them and how many; + nats: the loss spliced over the model's own. Training time: "
+            "brackets with them and how many (a run whose report predates that measure: its last evaluation's FVU, "
+            "on held-out activations that held none); + nats: the loss spliced over the model's own. Training time: "
             "reading activations (the model up to the site) + training the "
             "dictionary, wall-clock; the quiet-machine estimate is the run's CPU seconds over the cores.\n\n"
             + table(["run", "change", "dictionary", "tokens read", "training time (model + SAE)",
