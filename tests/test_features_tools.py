@@ -109,3 +109,21 @@ def test_density_is_the_share_of_tokens_where_the_coordinate_has_the_features_si
     torch.testing.assert_close(dens, want)
     f = torch.cat([x.relu(), (-x).relu()], -1)
     torch.testing.assert_close(values, f.topk(3, dim=0).values.T)
+
+
+def test_a_scan_counts_only_the_tokens_its_mask_keeps_and_reads_an_mlps_units_too():
+    from lumen.features.tools import scan_site
+
+    model = tiny()
+    sae = basis_dictionary("blocks.1.resid_post")
+    keep = torch.ones(WINDOWS.shape, dtype=torch.bool)
+    keep[:, 0] = False                                   # each window's first token left out
+    x = stream(model, "blocks.1.resid_post")
+    dens, values, positions = scan(model, sae, WINDOWS, k=2, batch=4, mask=keep)
+    torch.testing.assert_close(dens[:D], (x[:, 1:] > 0).double().mean((0, 1)))
+    assert not (positions % WINDOWS.size(1) == 0).any()
+    torch.testing.assert_close(values[:D], x[:, 1:].relu().flatten(0, 1).topk(2, dim=0).values.T)
+    h = stream(model, "blocks.0.mlp_hidden")
+    dens, values, _ = scan_site(model, WINDOWS, "blocks.0.mlp_hidden", lambda a: a, k=3, batch=4)
+    torch.testing.assert_close(dens, (h > 0).double().mean((0, 1)))
+    torch.testing.assert_close(values, h.flatten(0, 1).topk(3, dim=0).values.T)

@@ -120,43 +120,61 @@ def feature_contexts(model: GPT, sae: SAE, tokenizer: Tokenizer, windows: torch.
     return found
 
 
-def _layer(sae: SAE) -> int:
-    layer = names.parse(sae.site).layer
-    if layer is None:
-        raise UserError(f"{sae.site} is not a site inside a block")
-    return layer
-
-
 @torch.no_grad()
 def top_contexts(model: GPT, sae: SAE, tokenizer: Tokenizer, windows: torch.Tensor, feature: int, k: int = 10,
                  batch: int = 8) -> list[FeatureContext]:
     """The k contexts of token windows (N, T) where `feature` fires hardest: its activation there, the text
     around the token, and its activation on every token of that text."""
     check_feature(sae, feature)
-    values, positions = top_activations(model, windows, _layer(sae), k, batch, site=sae.site,
+    layer = names.parse(sae.site).layer
+    if layer is None:
+        raise UserError(f"{sae.site} is not a site inside a block")
+    values, positions = top_activations(model, windows, layer, k, batch, site=sae.site,
                                         read=lambda a: sae.encode(a)[..., feature:feature + 1])
     return feature_contexts(model, sae, tokenizer, windows, feature, values[0], positions[0])
 
 
 @torch.no_grad()
-def scan(model: GPT, sae: SAE, windows: torch.Tensor, k: int = 10, batch: int = 8
+def scan(model: GPT, sae: SAE, windows: torch.Tensor, k: int = 10, batch: int = 8, mask: torch.Tensor | None = None
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every feature over token windows (N, T) in one pass: its density, the share of the tokens it fires on
-    (activation > 0), (d_sae,); and its k largest activations (d_sae, k) with their flat positions (d_sae, k)."""
-    fired = torch.zeros(sae.d_sae, dtype=torch.float64)
-
-    def read(a: torch.Tensor) -> torch.Tensor:
-        f = sae.encode(a)
-        fired.add_((f > 0).flatten(0, -2).sum(0).cpu())   # counted as the windows go by
-        return f
-
-    values, positions = top_activations(model, windows, _layer(sae), k, batch, site=sae.site, read=read)
-    return fired / windows.numel(), values, positions
+    (activation > 0), (d_sae,); and its k largest activations (d_sae, k) with their flat positions (d_sae, k).
+    mask (N, T): the tokens that count (e.g. all but each window's first, an attention sink); the model still
+    reads every token (it is not a padding mask)."""
+    return scan_site(model, windows, sae.site, sae.encode, k, batch, mask)
 
 
-def density(model: GPT, sae: SAE, windows: torch.Tensor, batch: int = 8) -> torch.Tensor:
+@torch.no_grad()
+def scan_site(model: GPT, windows: torch.Tensor, site: str, read: Callable[[torch.Tensor], torch.Tensor],
+              k: int = 10, batch: int = 8, mask: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`scan` for any units read off a site of a block: read(activation) (B, T, units), e.g. a dictionary's
+    encode, or the identity for an MLP's hidden units (site blocks.N.mlp_hidden)."""
+    layer = names.parse(site).layer
+    if layer is None:
+        raise UserError(f"{site} is not a site inside a block")
+    mask = torch.ones(windows.shape, dtype=torch.bool) if mask is None else mask.cpu()
+    fired: torch.Tensor | None = None
+    done = [0]   # windows read so far: which rows of the mask the next batch is
+
+    def count(a: torch.Tensor) -> torch.Tensor:
+        nonlocal fired
+        u = read(a)
+        m = mask[done[0]:done[0] + u.size(0)]
+        done[0] += u.size(0)
+        on = ((u > 0).cpu() & m[..., None]).flatten(0, 1).sum(0, dtype=torch.float64)   # counted as they go by
+        fired = on if fired is None else fired + on
+        return u.masked_fill(~m[..., None].to(u.device), float("-inf"))   # a token that does not count never wins
+
+    values, positions = top_activations(model, windows, layer, k, batch, site=site, read=count)
+    assert fired is not None
+    return fired / mask.sum(), values, positions
+
+
+def density(model: GPT, sae: SAE, windows: torch.Tensor, batch: int = 8, mask: torch.Tensor | None = None
+            ) -> torch.Tensor:
     """The share of the tokens of windows (N, T) on which each feature fires (activation > 0): (d_sae,)."""
-    return scan(model, sae, windows, 1, batch)[0]
+    return scan(model, sae, windows, 1, batch, mask)[0]
 
 
 def feature_attribution(model: GPT, sae: SAE, clean: torch.Tensor, corrupt: torch.Tensor, metric: Metric
