@@ -23,7 +23,7 @@ import platform
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,8 +104,12 @@ def chance(windows: torch.Tensor, classes: torch.Tensor, keep: torch.Tensor, k: 
     unit whose top contexts have nothing in common, averaged over draws."""
     g = torch.Generator().manual_seed(seed)
     kept = keep.flatten().nonzero()[:, 0]
-    picks = kept[torch.rand(draws, kept.numel(), generator=g).argsort(1)[:, :k]]
-    return {name: float(v.mean()) for name, v in coherence(windows, classes, picks).items()}
+    found: dict[str, list[torch.Tensor]] = {"class": [], "token": []}
+    for start in range(0, draws, 256):   # k distinct tokens per draw: the k smallest of fresh random keys
+        picks = kept[torch.rand(min(256, draws - start), kept.numel(), generator=g).topk(k, largest=False).indices]
+        for name, v in coherence(windows, classes, picks).items():
+            found[name].append(v)
+    return {name: float(torch.cat(v).mean()) for name, v in found.items()}
 
 
 @dataclass
@@ -189,10 +193,11 @@ def clean_features(model: GPT, sae: SAE, idx: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def restored(model: GPT, sae: SAE, clean: torch.Tensor, corrupt: torch.Tensor,
-             features: Sequence[int] | None = None) -> torch.Tensor:
+             features: Sequence[int] | None = None, f_clean: torch.Tensor | None = None) -> torch.Tensor:
     """The corrupted prompt's logits with `features` (None: every one) at their activations on the clean prompt, at
-    every position; the corrupted run's error term kept, so nothing else changes."""
-    f_clean = clean_features(model, sae, clean)
+    every position; the corrupted run's error term kept, so nothing else changes. f_clean: the clean prompt's
+    features, when they are known."""
+    f_clean = clean_features(model, sae, clean) if f_clean is None else f_clean
 
     def edit(f: torch.Tensor, site: str) -> torch.Tensor:
         if features is None:
@@ -213,24 +218,23 @@ def ioi_features(model: GPT, sae: SAE, pairs: Sequence[Pair], top: int = 5) -> d
     most, counted over pairs. "all": every feature at once (what the dictionary's reconstruction carries)."""
     attr = torch.zeros(sae.d_sae, dtype=torch.float64)
     gap, whole = 0.0, 0.0
-    corrupt_metric, diffs = [], []
+    runs, diffs = [], []   # per pair: (clean ids, corrupted ids, the clean run's features, the corrupted metric)
     for p in pairs:
         clean, corrupt = torch.tensor([p.clean], device=model.device), torch.tensor([p.corrupt], device=model.device)
         with torch.no_grad():
             m_clean, m_corrupt = float(p.metric(model(clean)[0])), float(p.metric(model(corrupt)[0]))
         gap += m_clean - m_corrupt
-        corrupt_metric.append(m_corrupt)
+        f_clean = clean_features(model, sae, clean)
+        runs.append((clean, corrupt, f_clean, m_corrupt))
         attr += feature_attribution(model, sae, clean, corrupt, p.metric)[0].sum(0).double().cpu()
-        whole += float(p.metric(restored(model, sae, clean, corrupt))) - m_corrupt
-        diffs.append((clean_features(model, sae, clean) - clean_features(model, sae, corrupt))[0].abs().cpu())
+        whole += float(p.metric(restored(model, sae, clean, corrupt, f_clean=f_clean))) - m_corrupt
+        diffs.append((f_clean - clean_features(model, sae, corrupt))[0].abs().cpu())
     if not gap:
         raise UserError("the clean and corrupted prompts give the same logit difference: nothing to restore")
-    chosen = attr.topk(top).indices.tolist()
     rows = []
-    for f in chosen:
-        exact = sum(float(p.metric(restored(model, sae, torch.tensor([p.clean], device=model.device),
-                                            torch.tensor([p.corrupt], device=model.device), [f]))) - m
-                    for p, m in zip(pairs, corrupt_metric))
+    for f in attr.topk(top).indices.tolist():
+        exact = sum(float(p.metric(restored(model, sae, clean, corrupt, [f], f_clean))) - m
+                    for p, (clean, corrupt, f_clean, m) in zip(pairs, runs))
         where = Counter(roles(p).get(int(d[:, f].argmax()), "other") for p, d in zip(pairs, diffs))
         rows.append({"feature": f, "estimate": float(attr[f]) / gap, "exact": exact / gap,
                      "where": where.most_common(1)[0][0], "where_share": where.most_common(1)[0][1] / len(pairs)})
@@ -261,13 +265,15 @@ def summary(units: Units, windows: torch.Tensor, classes: torch.Tensor, tokenize
 
 
 def measure(model: GPT, tokenizer: Tokenizer, sae: SAE, windows: torch.Tensor, pairs: Sequence[Pair],
-            seed: int = 0) -> dict:
-    """Every number of the page (see the module docstring), as plain values."""
+            seed: int = 0, say: Callable[[str], object] = lambda line: None) -> dict:
+    """Every number of the page (see the module docstring), as plain values; say(line) tells how far it got."""
     keep = torch.ones(windows.shape, dtype=torch.bool)
     keep[:, 0] = False   # each window's first token: an attention sink whose stream is ~100x any other's
     classes = classes_of(tokenizer, windows)
     g = torch.Generator().manual_seed(seed)
+    say(f"reading the MLP's units and the features over {windows.numel():,} tokens")
     neurons, features = read_units(model, sae, windows, keep)
+    say(f"the IOI prompts: attribution and patching over {len(pairs)} pairs")
     ioi = ioi_features(model, sae, pairs)
     for row in ioi["top"]:
         f = row["feature"]
@@ -383,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         from .splice import check_fits
 
         t0 = time.perf_counter()
+
+        def say(line: str) -> None:
+            print(f"[{time.perf_counter() - t0:6.0f} s] {line}", file=sys.stderr, flush=True)
+
         sae = read_saelens(args.sae)
         loaded = load(args.model)
         model, tok = loaded.model, loaded.tokenizer
@@ -390,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"{args.model} has no tokenizer: the study reads text")
         check_fits(model, sae)
         windows = token_windows(tok, args.corpus, "train", args.windows, args.seq_len, args.seed)
-        n = measure(model, tok, sae, windows, ioi_pairs(tok, args.prompts, args.seed), args.seed)
+        n = measure(model, tok, sae, windows, ioi_pairs(tok, args.prompts, args.seed), args.seed, say)
+        say("the dictionary's quality on held-out text")
         q = quality(model, sae, token_windows(tok, args.corpus, "val", 16, args.seq_len, args.seed))
     except LumenError as e:
         print(f"python -m lumen.features.study: error: {e}", file=sys.stderr)
