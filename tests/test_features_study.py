@@ -97,13 +97,14 @@ def test_restoring_every_feature_of_a_perfect_dictionary_is_the_clean_run():
 def test_ioi_features_are_ranked_by_attribution_and_measured_by_exact_patching():
     model = tiny()
     sae = basis_dictionary("blocks.0.resid_post")
-    pairs = [Pair(CLEAN, CORRUPT, 5, 9), Pair([7, 4, 8, 4, 1], [7, 4, 8, 7, 1], 7, 4)]
+    pairs = [Pair(CLEAN, CORRUPT, 5, 9), Pair([7, 4, 8, 4, 1, 3], [7, 4, 8, 7, 1, 3], 7, 4),
+             Pair([1, 2, 3, 2, 6], [1, 2, 3, 1, 6], 1, 2)]   # two of one length: a batch
     got = ioi_features(model, sae, pairs, top=3)
     with torch.no_grad():
         gap = sum(float(p.metric(model(torch.tensor([p.clean]))[0]) - p.metric(model(torch.tensor([p.corrupt]))[0]))
                   for p in pairs)
     assert got["all"] == pytest.approx(1.0, abs=1e-4)     # no error term: the features are the whole stream
-    assert got["gap"] == pytest.approx(gap / 2, rel=1e-5)
+    assert got["gap"] == pytest.approx(gap / 3, rel=1e-5)
     attr = sum(feature_attribution(model, sae, torch.tensor([p.clean]), torch.tensor([p.corrupt]), p.metric)[0].sum(0)
                for p in pairs)
     assert [r["feature"] for r in got["top"]] == attr.topk(3).indices.tolist()

@@ -185,19 +185,20 @@ def roles(p: Pair) -> dict[int, str]:
 
 
 @torch.no_grad()
-def clean_features(model: GPT, sae: SAE, idx: torch.Tensor) -> torch.Tensor:
+def run_features(model: GPT, sae: SAE, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own logits for idx (B, T) and the dictionary's features there."""
     with spliced(model, sae, error=True) as seen:
-        model(idx)
-    return seen[f"{sae.site}.{FEATURES}"]
+        logits, _ = model(idx)
+    return logits, seen[f"{sae.site}.{FEATURES}"]
 
 
 @torch.no_grad()
 def restored(model: GPT, sae: SAE, clean: torch.Tensor, corrupt: torch.Tensor,
              features: Sequence[int] | None = None, f_clean: torch.Tensor | None = None) -> torch.Tensor:
-    """The corrupted prompt's logits with `features` (None: every one) at their activations on the clean prompt, at
-    every position; the corrupted run's error term kept, so nothing else changes. f_clean: the clean prompt's
+    """The corrupted prompts' logits with `features` (None: every one) at their activations on the clean prompts,
+    at every position; the corrupted run's error term kept, so nothing else changes. f_clean: the clean prompts'
     features, when they are known."""
-    f_clean = clean_features(model, sae, clean) if f_clean is None else f_clean
+    f_clean = run_features(model, sae, clean)[1] if f_clean is None else f_clean
 
     def edit(f: torch.Tensor, site: str) -> torch.Tensor:
         if features is None:
@@ -215,31 +216,44 @@ def ioi_features(model: GPT, sae: SAE, pairs: Sequence[Pair], top: int = 5) -> d
     the clean and the corrupted prompt; the `top` features by attribution, each patched exactly into the corrupted
     runs: the share of the clean-minus-corrupted difference it restores (sums over pairs), its first-order
     estimate, and the prompt position (IO, S1, S2, END or other) where its clean and corrupted activations differ
-    most, counted over pairs. "all": every feature at once (what the dictionary's reconstruction carries)."""
+    most, counted over pairs. "all": every feature at once (what the dictionary's reconstruction carries).
+    The pairs run in batches of one token length."""
     attr = torch.zeros(sae.d_sae, dtype=torch.float64)
     gap, whole = 0.0, 0.0
-    runs, diffs = [], []   # per pair: (clean ids, corrupted ids, the clean run's features, the corrupted metric)
-    for p in pairs:
-        clean, corrupt = torch.tensor([p.clean], device=model.device), torch.tensor([p.corrupt], device=model.device)
-        with torch.no_grad():
-            m_clean, m_corrupt = float(p.metric(model(clean)[0])), float(p.metric(model(corrupt)[0]))
-        gap += m_clean - m_corrupt
-        f_clean = clean_features(model, sae, clean)
-        runs.append((clean, corrupt, f_clean, m_corrupt))
-        attr += feature_attribution(model, sae, clean, corrupt, p.metric)[0].sum(0).double().cpu()
-        whole += float(p.metric(restored(model, sae, clean, corrupt, f_clean=f_clean))) - m_corrupt
-        diffs.append((f_clean - clean_features(model, sae, corrupt))[0].abs().cpu())
+    groups = []
+    for length in sorted({len(p.clean) for p in pairs}):
+        group = [p for p in pairs if len(p.clean) == length]
+        rows = torch.arange(len(group))
+        answer, wrong = torch.tensor([p.answer for p in group]), torch.tensor([p.wrong for p in group])
+
+        def diff(logits: torch.Tensor, rows=rows, answer=answer, wrong=wrong) -> torch.Tensor:
+            return logits[rows, -1, answer] - logits[rows, -1, wrong]     # (B,) each pair's metric
+
+        clean = torch.tensor([p.clean for p in group], device=model.device)
+        corrupt = torch.tensor([p.corrupt for p in group], device=model.device)
+        logits, f_clean = run_features(model, sae, clean)
+        corrupt_logits, f_corrupt = run_features(model, sae, corrupt)
+        m_corrupt = diff(corrupt_logits)
+        gap += float((diff(logits) - m_corrupt).sum())
+
+        def summed(z: torch.Tensor, diff=diff) -> torch.Tensor:   # each row's features move only its own row's metric
+            return diff(z).sum()
+
+        attr += feature_attribution(model, sae, clean, corrupt, summed).sum((0, 1)).double().cpu()
+        whole += float((diff(restored(model, sae, clean, corrupt, f_clean=f_clean)) - m_corrupt).sum())
+        groups.append((group, diff, clean, corrupt, f_clean, m_corrupt, (f_clean - f_corrupt).abs().cpu()))
     if not gap:
         raise UserError("the clean and corrupted prompts give the same logit difference: nothing to restore")
-    rows = []
+    found = []
     for f in attr.topk(top).indices.tolist():
-        exact = sum(float(p.metric(restored(model, sae, clean, corrupt, [f], f_clean))) - m
-                    for p, (clean, corrupt, f_clean, m) in zip(pairs, runs))
-        where = Counter(roles(p).get(int(d[:, f].argmax()), "other") for p, d in zip(pairs, diffs))
-        rows.append({"feature": f, "estimate": float(attr[f]) / gap, "exact": exact / gap,
-                     "where": where.most_common(1)[0][0], "where_share": where.most_common(1)[0][1] / len(pairs)})
+        exact = sum(float((diff(restored(model, sae, clean, corrupt, [f], f_clean)) - m).sum())
+                    for _, diff, clean, corrupt, f_clean, m, _ in groups)
+        where = Counter(roles(p).get(int(d[b, :, f].argmax()), "other")
+                        for group, *_, d in groups for b, p in enumerate(group))
+        found.append({"feature": f, "estimate": float(attr[f]) / gap, "exact": exact / gap,
+                      "where": where.most_common(1)[0][0], "where_share": where.most_common(1)[0][1] / len(pairs)})
     return {"pairs": len(pairs), "gap": gap / len(pairs), "all": whole / gap,
-            "estimate_all": float(attr.sum()) / gap, "top": rows}
+            "estimate_all": float(attr.sum()) / gap, "top": found}
 
 
 # --- the page ------------------------------------------------------------------------------------------------
