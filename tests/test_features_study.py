@@ -121,6 +121,22 @@ def test_ioi_features_are_ranked_by_attribution_and_measured_by_exact_patching()
         assert r["where"] in ("S2", "END")                # the prompts agree before the second mention
 
 
+def test_the_control_is_a_random_dictionary_of_the_same_shape_and_sparsity():
+    from lumen.features import TopK
+    from lumen.features.study import random_like
+
+    sae = SAE(D, 24, TopK(3), "blocks.1.resid_post")
+    with torch.no_grad():
+        sae.b_dec.normal_()
+    control = random_like(sae)
+    assert control.W_dec.shape == sae.W_dec.shape and control.site == sae.site and control.act.k == 3
+    torch.testing.assert_close(control.W_dec.norm(dim=-1), torch.ones(24))
+    torch.testing.assert_close(control.b_dec, sae.b_dec)
+    assert not torch.allclose(control.W_dec, sae.W_dec)
+    x = torch.randn(5, D)
+    assert int((control.encode(x) > 0).sum(-1).max()) <= 3
+
+
 def test_ioi_pairs_need_names_of_one_token():
     with pytest.raises(UserError, match="one token each"):
         ioi_pairs(CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ,"))
@@ -133,6 +149,7 @@ def test_the_page_carries_the_numbers_and_a_verdict_they_decide():
     n = measure(model, tok, basis_dictionary("blocks.1.resid_post"), windows, [Pair(CLEAN, CORRUPT, 5, 9)])
     assert n["tokens"] == 8 * 7 and n["features"]["units"] == 2 * D and n["neurons"]["units"] == model.cfg.hidden
     assert {e["class"] for e in n["features"]["examples"]} <= set(CLASSES)
+    assert n["control"]["units"] == 2 * D and "a random dictionary (control)" in page(n, "cmd", "about")
     text = page(n, "python -m lumen.features.study out.md --sae x", "about")
     assert f"{100 * n['features']['class_share']:.1f}%" in text and f"| {n['ioi']['top'][0]['feature']} |" in text
     base = {"ioi": {"top": []}, "chance": {"class": 0.4}}

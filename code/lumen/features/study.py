@@ -9,6 +9,8 @@ Three measurements, each a function below (tested on a tiny model in tests/test_
   key-value memories) and every live feature of a dictionary on block N's output stream, the share of its top-20
   contexts whose token falls in their commonest token class (TOKEN_CLASSES), and the share that are one and the
   same token; beside the same shares for 20 tokens drawn at random from the text: what chance alone gives.
+  A control beside them: a dictionary of the same shape with random directions (`random_like`), which tells what
+  sparsity alone gives a measure.
 - density: the share of tokens each unit / feature is positive on.
 - IOI: the features whose clean-minus-corrupted change attribution patching says carries the indirect object's
   name (prompts in the style of lumen's ioi experiment), each then patched exactly from the clean run into the
@@ -33,7 +35,7 @@ from .. import names
 from ..errors import LumenError, UserError
 from ..model import GPT
 from ..tokenizers import Tokenizer
-from .dictionary import SAE
+from .dictionary import SAE, TopK
 from .splice import FEATURES, spliced
 from .tools import feature_attribution, feature_logits, scan, scan_site
 
@@ -127,16 +129,33 @@ class Units:
         return (self.values[:, -1] > 0).nonzero()[:, 0]
 
 
+def random_like(sae: SAE, seed: int = 0) -> SAE:
+    """The control: a dictionary of sae's shape and site that learned nothing: random unit directions (the encoder
+    the decoder's transpose, b_dec the trained one's), TopK at the trained one's k (32 for another activation)."""
+    g = torch.Generator().manual_seed(seed)
+    k = min(getattr(sae.act, "k", 32), sae.d_sae)
+    control = SAE(sae.d_in, sae.d_sae, TopK(k), sae.site, normalize=sae.normalize)
+    rows = torch.randn(sae.d_sae, sae.d_in, generator=g)
+    rows /= rows.norm(dim=-1, keepdim=True)
+    with torch.no_grad():
+        control.W_dec.copy_(rows)
+        control.W_enc.copy_(rows.T)
+        control.b_dec.copy_(sae.b_dec)
+    return control
+
+
 def read_units(model: GPT, sae: SAE, windows: torch.Tensor, keep: torch.Tensor, k: int = K, batch: int = 8
-               ) -> tuple[Units, Units]:
-    """(the MLP units of the dictionary's block, the dictionary's features) over the kept tokens of windows."""
+               ) -> tuple[Units, Units, Units]:
+    """(the MLP units of the dictionary's block, the dictionary's features, the features of its random control)
+    over the kept tokens of windows."""
     layer = names.parse(sae.site).layer
     if layer is None:
         raise UserError(f"{sae.site} is not a site inside a block")
     neurons = Units(f"block {layer}'s MLP units", *scan_site(model, windows, names.activation(layer, "mlp_hidden"),
                                                              lambda a: a, k, batch, keep))
     features = Units(f"features of {sae.site}", *scan(model, sae, windows, k, batch, keep))
-    return neurons, features
+    control = Units("a random dictionary (control)", *scan(model, random_like(sae), windows, k, batch, keep))
+    return neurons, features, control
 
 
 # --- IOI: which features carry the answer, and what patching them does ------------------------------------------
@@ -262,6 +281,8 @@ def summary(units: Units, windows: torch.Tensor, classes: torch.Tensor, tokenize
             examples: int = 6) -> dict:
     """One kind of units in numbers: coherence and density over its live units, and a few of them drawn at random."""
     live, flat, cls = units.live, windows.flatten(), classes.flatten()
+    if not live.numel():
+        raise UserError(f"none of the {units.name} fires on {K} tokens of this text: give more text (--windows)")
     share = coherence(windows, classes, units.positions[live])
     dens = units.density[live]
     picks = live[torch.randperm(live.numel(), generator=g)[:examples]].tolist()
@@ -286,7 +307,7 @@ def measure(model: GPT, tokenizer: Tokenizer, sae: SAE, windows: torch.Tensor, p
     classes = classes_of(tokenizer, windows)
     g = torch.Generator().manual_seed(seed)
     say(f"reading the MLP's units and the features over {windows.numel():,} tokens")
-    neurons, features = read_units(model, sae, windows, keep)
+    neurons, features, control = read_units(model, sae, windows, keep)
     say(f"the IOI prompts: attribution and patching over {len(pairs)} pairs")
     ioi = ioi_features(model, sae, pairs)
     for row in ioi["top"]:
@@ -298,7 +319,8 @@ def measure(model: GPT, tokenizer: Tokenizer, sae: SAE, windows: torch.Tensor, p
     return {"site": sae.site, "d_sae": sae.d_sae, "activation": type(sae.act).__name__, "tokens": int(keep.sum()),
             "chance": chance(windows, classes, keep, seed=seed), "neurons": summary(neurons, windows, classes,
                                                                                     tokenizer, g),
-            "features": summary(features, windows, classes, tokenizer, g), "ioi": ioi}
+            "features": summary(features, windows, classes, tokenizer, g),
+            "control": summary(control, windows, classes, tokenizer, g, examples=0), "ioi": ioi}
 
 
 def _pct(x: float) -> str:
@@ -313,6 +335,14 @@ def verdict(n: dict) -> str:
     words = [f"The features' top-{K} contexts fall in one token class {which} than the MLP units' "
              f"({_pct(f['class_share'])} against {_pct(u['class_share'])} on average; {_pct(c)} by chance), and are "
              f"one and the same token in {_pct(f['token_share'])} against {_pct(u['token_share'])}."]
+    if "control" in n:
+        r = n["control"]
+        gain = f["class_share"] - r["class_share"]
+        words.append(f"A random dictionary of the same shape scores {_pct(r['class_share'])} (same token "
+                     f"{_pct(r['token_share'])}): " + (
+                         f"the trained features' lead over it, {100 * gain:+.1f} points, is what training adds."
+                         if gain > 0.05 else "the trained features do no better, so this measure mostly rewards "
+                         "sparsity itself, not what the dictionary learned."))
     words.append(f"The median feature fires on {_pct(f['density_median'])} of the tokens, the median unit is "
                  f"positive on {_pct(u['density_median'])}.")
     io = n["ioi"]
@@ -344,7 +374,7 @@ def page(n: dict, command: str, about: str) -> str:
               f"Chance: the same shares for {K} tokens drawn at random from the text.", "",
               "| units | live | class share, mean | median | share >= 90% | same token, mean | same token >= 90% | "
               "commonest classes |", "|---|---|---|---|---|---|---|---|"]
-    for s in (u, f):
+    for s in (u, f, *([n["control"]] if "control" in n else [])):
         common = ", ".join(f"{name} ({count})" for name, count in s["commonest"])
         lines.append(f"| {s['name']} | {s['live']:,} of {s['units']:,} | {_pct(s['class_share'])} | "
                      f"{_pct(s['class_median'])} | {_pct(s['class_90'])} | {_pct(s['token_share'])} | "
@@ -354,7 +384,7 @@ def page(n: dict, command: str, about: str) -> str:
               "is silu(gate) x up: it is rarely exactly 0, so positive is the sign of its write).", "",
               "| units | median | mean | share above 10% |", "|---|---|---|---|"]
     lines += [f"| {s['name']} | {_pct(s['density_median'])} | {_pct(s['density_mean'])} | "
-              f"{_pct(s['density_over_10'])} |" for s in (u, f)]
+              f"{_pct(s['density_over_10'])} |" for s in (u, f, *([n["control"]] if "control" in n else []))]
     lines += ["", "## A few of each, drawn at random", "", "Not chosen for being clear: the first 8 of each one's top "
               f"{K} tokens, its commonest class and that class's share.", "", "| | unit | top tokens | class |",
               "|---|---|---|---|"]
