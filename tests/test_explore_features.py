@@ -13,8 +13,9 @@ import torch
 
 from helpers.models import peaked_tiny_model
 from helpers.runs import TEXT, peaked_run
-from lumen.features import SAE, ReLU, density, feature_lens, feature_logits, save_saelens, top_contexts
+from lumen.features import SAE, ReLU, density, feature_lens, feature_logits, save_saelens
 from lumen.features.pages import feature_data
+from lumen.inspect import run_with_cache
 from lumen.inspect.neurons import shifted_tokens
 from lumen.report.explore import feature_page, features_index, shade
 from lumen.report.figures import visible
@@ -66,16 +67,23 @@ def test_a_feature_pages_numbers_are_the_tools_numbers(subject):
     model, tok, sae, windows = subject
     data = feature_data(model, tok, sae, windows, features=[3, 40], k=4, n_tokens=5, corpus="TEXT")
     assert [p["feature"] for p in data["features"]] == [3, 40]
-    dens = density(model, sae, windows)
+    keep = torch.ones(windows.shape, dtype=torch.bool)
+    keep[:, 0] = False                                     # each window's first token is never counted
+    dens = density(model, sae, windows, mask=keep)
+    x = run_with_cache(model, windows, names=["blocks.1.resid_post"])[1]["blocks.1.resid_post"]
     for page in data["features"]:
         f = page["feature"]
         shown = Page(feature_page(data, page, "../page.html"))
         assert float(shown.found["density"][0]["data-value"]) == pytest.approx(float(dens[f]))
-        want = [c for c in top_contexts(model, sae, tok, windows, f, k=4) if c.activation > 0]
+        d = model.cfg.d_model
+        acts = (x[..., f] if f < d else -x[..., f - d]).relu()             # the feature: a coordinate of the stream
+        top = acts[:, 1:].flatten().topk(4)
+        want = [(float(v), divmod(int(p), windows.size(1) - 1)) for v, p in zip(*top) if v > 0]
         assert [float(c["data-activation"]) for c in shown.found["context"]] == pytest.approx(
-            [c.activation for c in want], rel=1e-5)
+            [v for v, _ in want], rel=1e-5)
         toks = [float(t["data-activation"]) for t in shown.found["tok"]]
-        assert toks == pytest.approx([a for c in want for a in c.activations], abs=1e-5)
+        assert toks == pytest.approx([a for _, (row, t) in want for a in acts[row, max(0, t + 1 - 12):t + 5].tolist()],
+                                     abs=1e-5)
         assert len(shown.found["trigger"]) == len(want)
         shifts = shifted_tokens(tok, feature_logits(model, sae, f), 5)
         for kind in ("promoted", "suppressed"):

@@ -20,11 +20,14 @@ from .tools import check_feature, depth, feature_contexts, feature_lens, feature
 
 
 def feature_data(model: GPT, tokenizer, sae: SAE, windows: torch.Tensor, features: Sequence[int] | None = None,
-                 top: int = 20, k: int = 10, n_tokens: int = 10, lens=None, corpus: str = "") -> dict:
+                 top: int = 20, k: int = 10, n_tokens: int = 10, lens=None, corpus: str = "", skip: int = 1) -> dict:
     """The numbers of the feature pages: `features`, or the `top` densest ones that fire at all, over token windows
     (N, T); k contexts and n_tokens promoted, suppressed and lens tokens each; lens: a TunedLens (default the
-    logit lens) for the reading of each direction."""
-    dens, values, positions = scan(model, sae, windows, k)
+    logit lens) for the reading of each direction. The first `skip` tokens of each window are read but never
+    counted: the first is an attention sink, whose stream is far larger than any other's."""
+    keep = torch.ones(windows.shape, dtype=torch.bool)
+    keep[:, :skip] = False
+    dens, values, positions = scan(model, sae, windows, k, mask=keep)
     if features is None:
         features = [int(i) for i in dens.topk(min(top, sae.d_sae)).indices if dens[i] > 0]
     pages = []
@@ -41,5 +44,5 @@ def feature_data(model: GPT, tokenizer, sae: SAE, windows: torch.Tensor, feature
                      "lens": [(tokenizer.decode([int(i)]), float(p)) for p, i in zip(*probs)]}
         pages.append(page)
     return {"model": model.cfg.name, "site": sae.site, "d_sae": sae.d_sae, "activation": type(sae.act).__name__,
-            "tokens": windows.numel(), "corpus": corpus, "lens": "logit lens" if lens is None else "tuned lens",
+            "tokens": int(keep.sum()), "corpus": corpus, "lens": "logit lens" if lens is None else "tuned lens",
             "depth": names.stream(depth(sae)) if writes_stream(sae) else None, "features": pages}
