@@ -422,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--windows", type=int, default=256, help="text windows to read")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per window")
     p.add_argument("--prompts", type=int, default=16, help="IOI prompt pairs")
+    p.add_argument("--quality-windows", type=int, default=8, help="held-out windows the dictionary's quality reads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--note", default="", help="a sentence for the page's head (e.g. which dictionary this is)")
     args = p.parse_args(argv)
@@ -446,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         windows = token_windows(tok, args.corpus, "train", args.windows, args.seq_len, args.seed)
         n = measure(model, tok, sae, windows, ioi_pairs(tok, args.prompts, args.seed), args.seed, say)
         say("the dictionary's quality on held-out text")
-        q = quality(model, sae, token_windows(tok, args.corpus, "val", 16, args.seq_len, args.seed))
+        q = quality(model, sae, token_windows(tok, args.corpus, "val", args.quality_windows, args.seq_len, args.seed))
     except LumenError as e:
         print(f"python -m lumen.features.study: error: {e}", file=sys.stderr)
         return 2

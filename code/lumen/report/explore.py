@@ -351,7 +351,8 @@ def explore_page(data: dict | None, form: dict | None = None, error: str | None 
     feature pages (`features_index`)."""
     title = f"lumen explore: {data['model']}" if data else "lumen explore"
     parts = ["<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>",
-             f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>", f"<h1>{escape(title)}</h1>"]
+             f"<title>{escape(title)}</title><style>{STYLE}{FEATURE_STYLE if features else ''}</style></head><body>",
+             f"<h1>{escape(title)}</h1>"]
     if form is not None:
         parts.append(_form(form))
     if error:
@@ -398,6 +399,7 @@ FEATURE_STYLE = """
 .context .trigger { outline: 1px solid #a63603; }
 table.features td, table.features th { border: 1px solid #ddd; padding: 2px 6px; white-space: pre; font-size: 12px; }
 table.features { border-collapse: collapse; }
+table.features code { background: #f3f3f3; padding: 0 2px; white-space: pre; }
 """
 
 
@@ -464,15 +466,19 @@ def feature_file(f: int) -> str:
     return f"feature-{f}.html"
 
 
+def _code(token: str) -> str:
+    return f"<code>{escape(visible(token))}</code>"
+
+
 def features_index(data: dict, folder: str) -> str:
     """The explorer page's section that lists the feature pages (in `folder`, relative to the page)."""
     rows = []
     for page in data["features"]:
         f, ctx = page["feature"], page["contexts"]
-        fires_on = visible(ctx[0]["tokens"][ctx[0]["at"]]) if ctx else ""
-        promotes = " ".join(visible(t) for t, _ in page.get("promoted", [])[:5])
+        fires_on = _code(ctx[0]["tokens"][ctx[0]["at"]]) if ctx else ""
+        promotes = " ".join(_code(t) for t, _ in page.get("promoted", [])[:5])
         rows.append(f"<tr data-feature='{f}'><td><a href='{escape(folder, quote=True)}/{feature_file(f)}'>feature {f}"
-                    f"</a></td><td>{page['density']:.3%}</td><td>{escape(fires_on)}</td><td>{escape(promotes)}</td></tr>")
+                    f"</a></td><td>{page['density']:.3%}</td><td>{fires_on}</td><td>{promotes}</td></tr>")
     return (f"<h2>Features of {escape(data['site'])}</h2><p class='note'>{len(rows)} of the dictionary's "
             f"{data['d_sae']:,} features, each on a page of its own: density over {data['tokens']:,} tokens, the "
             "token of its top context, the tokens it promotes.</p><table class='features' id='features'><tr>"
