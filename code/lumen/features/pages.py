@@ -2,8 +2,8 @@
 for each feature, its density, its top contexts with its activation on every token, the tokens its decoder row
 promotes and suppresses, and its direction's logit-lens reading, as plain JSON-ready values.
 
-    >>> data = feature_data(model, tok, sae, windows, top=20)          # doctest: +SKIP
-    >>> data["features"][0]["density"], data["features"][0]["lens"][:3]   # doctest: +SKIP
+    data = feature_data(model, tok, sae, windows, top=20)
+    data["features"][0]["density"], data["features"][0]["lens"][:3]      # the densest feature's numbers
 """
 
 from __future__ import annotations
