@@ -157,3 +157,11 @@ def test_the_page_carries_the_numbers_and_a_verdict_they_decide():
     more = verdict(base | {"features": kinds | {"class_share": 0.8}, "neurons": kinds | {"class_share": 0.5}})
     same = verdict(base | {"features": kinds | {"class_share": 0.5}, "neurons": kinds | {"class_share": 0.52}})
     assert "more often" in more and "about as often" in same
+
+
+def test_the_page_command_refuses_a_missing_dictionary_in_one_line(tmp_path, capsys):
+    from lumen.features.study import main
+
+    assert main([str(tmp_path / "features.md"), "--sae", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nowhere" in err[0] and not (tmp_path / "features.md").exists()
