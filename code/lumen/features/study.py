@@ -371,7 +371,8 @@ def page(n: dict, command: str, about: str) -> str:
     lines += ["", f"## One class per top-{K} contexts?", "",
               f"For each unit and feature that is positive on at least {K} tokens (live), its {K} largest activations: "
               "the share of those tokens in their commonest class, and the share that are their commonest token. "
-              f"Chance: the same shares for {K} tokens drawn at random from the text.", "",
+              f"Chance: the same shares for {K} tokens drawn at random from the text. A feature that fires on fewer "
+              f"than {K} of these tokens is not measured, so the rarer features are left out.", "",
               "| units | live | class share, mean | median | share >= 90% | same token, mean | same token >= 90% | "
               "commonest classes |", "|---|---|---|---|---|---|---|---|"]
     for s in (u, f, *([n["control"]] if "control" in n else [])):
@@ -386,7 +387,7 @@ def page(n: dict, command: str, about: str) -> str:
     lines += [f"| {s['name']} | {_pct(s['density_median'])} | {_pct(s['density_mean'])} | "
               f"{_pct(s['density_over_10'])} |" for s in (u, f, *([n["control"]] if "control" in n else []))]
     lines += ["", "## A few of each, drawn at random", "", "Not chosen for being clear: the first 8 of each one's top "
-              f"{K} tokens, its commonest class and that class's share.", "", "| | unit | top tokens | class |",
+              f"{K} tokens, its commonest class and that class's share.", "", "| | number | top tokens | class |",
               "|---|---|---|---|"]
     for s, what in ((u, "unit"), (f, "feature")):
         lines += [f"| {what} | {e['unit']} | {_tokens(e['triggers'])} | {e['class']} ({_pct(e['class_share'])}) |"
