@@ -215,17 +215,45 @@ def speedrun(r: dict[str, Any]) -> str:
                      "held-out nats/char", "gain"], rows))
 
 
+def features(r: dict[str, Any]) -> str:
+    g = r["goal"]
+    rows = []
+    for x in r["rows"]:
+        load = x.get("load_average_end")
+        met = (x["fvu"] <= g["fvu"] and x["dead"] < g["dead"] and x["ce_recovered"] >= g["ce_recovered"]
+               and x["train_seconds"] <= 60 * g["minutes"])
+        rows.append([x["name"], x["note"], f"{x['kind']} k={x['k']}, {x['d_sae']:,} latents, batch {x['batch']:,}"
+                     f" x {x['steps']:,} steps, reuse {x['reuse']}", f"{x['tokens_read'] / 1e3:,.0f}k",
+                     f"{x['train_seconds'] / 60:.1f} min ({x['model_seconds'] / 60:.1f} + {x['sae_seconds'] / 60:.1f})",
+                     f"{x['model_tokens_per_s']:,.0f} tok/s" + (f" ({x['model_tokens_per_cpu_s']:,.0f} per CPU-s)"
+                                                                 if x.get("model_tokens_per_cpu_s") else ""),
+                     f"{load[0]:.0f}" if load else "", f"{x['quiet_seconds_estimate'] / 60:.1f} min",
+                     f"{x['fvu']:.3f}", f"{x['l0']:.1f}", f"{x['dead']:.1%}", f"{x['ce_recovered']:.1%}",
+                     f"{x['error_norm']:.3g} / {x['site_norm']:.3g}", "**yes**" if met else "no"])
+    return (f"`lumen features train` on {r['rows'][-1]['model']}'s {r['rows'][-1]['site']}, one row a run "
+            f"(`bench/features_record.py OUT` adds one). Goal: FVU <= {g['fvu']} at L0 ~ {g['l0']}, dead < "
+            f"{g['dead']:.0%}, >= {g['ce_recovered']:.0%} of the cross-entropy recovered, in <= {g['minutes']} minutes "
+            "of training on 2 cores. Measured on held-out windows of the validation split, the first position of "
+            "each left out (the attention sink: features/quality.py, skip); the cross-entropy recovered is against "
+            "zeroing the site. Training time: reading activations (the model up to the site) + training the "
+            "dictionary, wall-clock; the quiet-machine estimate is the run's CPU seconds over the cores.\n\n"
+            + table(["run", "change", "dictionary", "tokens read", "training time (model + SAE)",
+                     "model reading", "load", "quiet estimate", "FVU", "L0", "dead", "CE recovered",
+                     "error / site norm", "goal met"], rows))
+
+
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "llamacpp": llamacpp, "profile": profile, "smollm2": smollm2, "train": train, "contention": contention,
-    "nanogpt": nanogpt, "speedrun": speedrun, "kernel_builds": kernel_builds}
+    "nanogpt": nanogpt, "speedrun": speedrun, "kernel_builds": kernel_builds, "features": features}
 SCRIPT = {"llamacpp": "bench_llamacpp.py", "profile": "profile_decode.py", "smollm2": "bench_smollm2.py",
           "train": "bench_train.py", "contention": "bench_contention.py", "speedrun": "speedrun.py",
-          "kernel_builds": "kernel_builds.py"}
+          "kernel_builds": "kernel_builds.py", "features": "features_record.py"}
 # what fills a section that never ran here
 COMMAND = {name: f"`.venv/bin/python bench/{script}`" for name, script in SCRIPT.items()} | {
     "nanogpt": ("the three steps in bench/vs_nanogpt.py's docstring (clone nanoGPT, export lumen's split, train "
                 "it five minutes, then `.venv/bin/python bench/vs_nanogpt.py eval NANOGPT NANOGPT/out-lumen "
-                "runs/shakespeare`)")}
+                "runs/shakespeare`)"),
+    "features": "`.venv/bin/python bench/features_record.py` OUT after `lumen features train ... --out OUT`"}
 
 
 def render(page: str, where: Path = RESULTS) -> str:

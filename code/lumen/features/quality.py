@@ -7,17 +7,25 @@ its features are dead, and how much of the model's next-token loss survives when
     ce_recovered (loss with the site zeroed - loss spliced) / (loss with the site zeroed - the model's loss):
                  1 when the reconstruction is as good as the site itself, 0 when it is no better than nothing
 
+With skip = n the first n positions of every window keep the model's own activation and are left out of every
+measure (a model whose first position is an attention sink with a stream ~100x larger than the rest, as SmolLM2's:
+a dictionary trained without it is measured without it).
+
     >>> quality(model, sae, windows).fvu                      # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ..errors import UserError
 from ..inspect.cache import replace_activation
+from ..inspect.hooks import hooked
 from ..model import GPT
 from ..progress import progress
 from .dictionary import SAE, Transcoder
@@ -41,29 +49,55 @@ class Quality:
         return asdict(self)
 
 
-def _loss(logits: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
-    """The summed next-token loss of windows (B, T): each position predicts the next id of its window."""
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), windows[:, 1:].flatten(), reduction="sum")
+def _loss(logits: torch.Tensor, windows: torch.Tensor, skip: int = 0) -> torch.Tensor:
+    """The summed next-token loss of windows (B, T): each position from `skip` on predicts the next id."""
+    return F.cross_entropy(logits[:, skip:-1].flatten(0, 1).float(), windows[:, skip + 1:].flatten(),
+                           reduction="sum")
+
+
+@contextmanager
+def _spliced(model: GPT, sae: SAE, skip: int) -> Iterator[dict[str, torch.Tensor]]:
+    """features.spliced, the first `skip` positions left as the model's own (the reconstruction in the model's
+    dtype)."""
+    if not skip:
+        with spliced(model, sae) as found:
+            yield found
+        return
+    if isinstance(sae, Transcoder):
+        raise UserError("skip (leaving out the first positions) is for SAEs, not transcoders")
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(a: torch.Tensor, name: str) -> torch.Tensor:
+        f = sae.encode(a)
+        out = sae.write(a, f)
+        seen.update({f"{sae.site}.{FEATURES}": f, f"{sae.site}.{RECONSTRUCTION}": out,
+                     f"{sae.site}.{ERROR}": a - out})
+        return torch.cat([a[:, :skip], out[:, skip:].to(a.dtype)], 1)
+
+    with hooked(model, [(sae.site, hook)]):
+        yield seen
 
 
 @torch.no_grad()
-def quality(model: GPT, sae: SAE, windows: torch.Tensor, batch: int = 8) -> Quality:
+def quality(model: GPT, sae: SAE, windows: torch.Tensor, batch: int = 8, skip: int = 0) -> Quality:
     """The dictionary measured on token windows (N, T) (see the module docstring)."""
     site = sae.site_out if isinstance(sae, Transcoder) else sae.site
+    if not 0 <= skip < windows.size(1) - 1:
+        raise UserError(f"skip ({skip}) must leave at least two positions of the windows ({windows.size(1)})")
     err_sq = var_sum = l0 = err_norm = site_norm = 0.0
     losses = torch.zeros(3, dtype=torch.float64)
     fired = torch.zeros(sae.d_sae, dtype=torch.bool)
     first, total = None, torch.zeros(0)
     for start in progress(range(0, windows.size(0), batch), desc=f"measuring the dictionary on {site}", unit="batch"):
         x_ids = windows[start:start + batch].to(model.device)
-        losses[0] += float(_loss(model(x_ids)[0], x_ids))
-        with spliced(model, sae) as seen:
-            losses[1] += float(_loss(model(x_ids)[0], x_ids))
-        with replace_activation(model, site, lambda a: torch.zeros_like(a)):
-            losses[2] += float(_loss(model(x_ids)[0], x_ids))
-        f = seen[f"{sae.site}.{FEATURES}"].float()
-        x_hat = seen[f"{site}.{RECONSTRUCTION}"].float()
-        x = x_hat + seen[f"{site}.{ERROR}"].float()
+        losses[0] += float(_loss(model(x_ids)[0], x_ids, skip))
+        with _spliced(model, sae, skip) as seen:
+            losses[1] += float(_loss(model(x_ids)[0], x_ids, skip))
+        with replace_activation(model, site, lambda a: torch.cat([a[:, :skip], torch.zeros_like(a[:, skip:])], 1)):
+            losses[2] += float(_loss(model(x_ids)[0], x_ids, skip))
+        f = seen[f"{sae.site}.{FEATURES}"][:, skip:].float()
+        x_hat = seen[f"{site}.{RECONSTRUCTION}"][:, skip:].float()
+        x = x_hat + seen[f"{site}.{ERROR}"][:, skip:].float()
         # the variance about the text's mean: accumulated as sums, with the first batch's mean as a shift
         first = x.mean((0, 1)) if first is None else first
         centred = (x - first).flatten(0, 1)
@@ -74,9 +108,9 @@ def quality(model: GPT, sae: SAE, windows: torch.Tensor, batch: int = 8) -> Qual
         site_norm += float(x.norm(dim=-1).sum())
         l0 += float((f > 0).sum())
         fired |= (f > 0).flatten(0, 1).any(0).cpu()
-    n = windows.numel()
+    n = windows[:, skip:].numel()
     var_sum -= float(total.pow(2).sum()) / n   # sum |x - mean|^2 = sum |x - s|^2 - n |mean - s|^2
-    predicted = windows[:, 1:].numel()
+    predicted = windows[:, skip + 1:].numel()
     loss, spliced_loss, zeroed = (losses / predicted).tolist()
     gap = zeroed - loss
     return Quality(fvu=err_sq / var_sum, l0=l0 / n, dead=1 - float(fired.float().mean()), loss=loss,

@@ -296,10 +296,11 @@ def write_manifest(ckpt: Path, hashed: dict[str, dict] | None = None) -> None:
     (ckpt / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n")
 
 
-def verify(ckpt: str | Path) -> None:
+def verify(ckpt: str | Path, needs: tuple[str, ...] = ()) -> None:
     """Check a checkpoint against its manifest (every file there, with its size and sha256; none opened that
     is not a regular file); a sharded one's index names only files the manifest lists, and its files carry
-    one checkpoint id. Raise CheckpointError saying what is wrong."""
+    one checkpoint id. needs: the files it must hold (default: a model's config and weights, or its shards;
+    a sparse dictionary's checkpoint names its own). Raise CheckpointError saying what is wrong."""
     ckpt = Path(ckpt)
     kind = file_kind(ckpt / MANIFEST)
     if kind == "missing":
@@ -324,6 +325,10 @@ def verify(ckpt: str | Path) -> None:
         if sha256_of(f) != digest:
             raise CheckpointError(f"{f} is damaged (its sha256 differs from the manifest's)")
     names = {name for name, _, _ in entries}
+    if needs:
+        if missing := [n for n in needs if n not in names]:
+            raise CheckpointError(f"{ckpt / MANIFEST} does not list {', '.join(missing)}")
+        return
     if CONFIG not in names or not ({WEIGHTS, SHARD_INDEX} & names):
         raise CheckpointError(f"{ckpt / MANIFEST} does not list {CONFIG} and {WEIGHTS} (or {SHARD_INDEX})")
     if is_sharded(ckpt):

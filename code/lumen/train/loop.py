@@ -29,6 +29,7 @@ from ..config import ModelConfig
 from ..data import TokenData
 from ..decode import Sampling, tokens
 from ..errors import ConfigError, TrainingError, UserError
+from ..formats import checkpoint as ckpt
 from ..model import GPT
 from ..runtime import cpu
 from ..runtime.compiling import COMPILE_OPTIONS
@@ -36,11 +37,12 @@ from ..runtime.threads import ThreadTuner, cpu_count
 from . import distributed
 from .budget import StepBudget
 from .config import TrainConfig, check_memory
-from .machine import TrainingInterrupted, ctrl_c, resolve_device, run_settings, training_attention, use_bf16
+from .machine import TrainingInterrupted, resolve_device, run_settings, training_attention, use_bf16
 from .optim import clip_and_step, lr_at, make_optimizer, set_lr
 from .result import TrainResult, summary_line
 from .rundir import RunDir, resume_from
 from .speed import Throughput, matmul_peak, training_flops_per_token
+from .steps import Loop
 
 __all__ = ["TrainResult", "TrainingError", "TrainingInterrupted", "train", "training_attention"]
 
@@ -79,8 +81,9 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig | None = None, *, resume: boo
             distributed.shutdown()
 
 
-class Trainer:
-    """One run's state: the model, optimizer, data position and the run directory."""
+class Trainer(Loop):
+    """One run's state: the model, optimizer, data position and the run directory; its steps go round
+    lumen.train.steps.Loop (the loop a sparse dictionary's training shares)."""
 
     def __init__(self, cfg: TrainConfig, model_cfg: ModelConfig | None, data: TokenData | None,
                  model: GPT | None = None):
@@ -118,7 +121,6 @@ class Trainer:
                                   cfg.muon_lr, ns_steps=cfg.muon_ns_steps)
         self.gen = torch.Generator().manual_seed(cfg.seed)  # the data position: which windows come next
         torch.manual_seed(cfg.seed + 1 + d.rank)  # dropout noise differs per rank
-        self.step, self.tokens, self.best = 0, 0, math.inf
         # torch.compile of a Module returns a Module (OptimizedModule); its stubs say only "a callable"
         self.fwd: nn.Module = self.raw
         if cfg.compile and self.fsdp:  # block by block: FSDP's gathers run between the compiled graphs
@@ -130,12 +132,30 @@ class Trainer:
         if self.ddp:
             self.fwd = nn.parallel.DistributedDataParallel(
                 self.fwd, device_ids=[d.local_rank] if self.device.type == "cuda" else None)
-        self.run_dir = RunDir(cfg.out_dir) if cfg.save else None
-        self.writes = cfg.save and d.main
-        self.talks = cfg.progress and d.main
-        self.history: list[dict] = []
-        self.saved: tuple[int, Path | None] | None = None  # the step this session last saved, and where
-        self.t0 = time.perf_counter()  # when the run's clock read 0 (run() sets it)
+        super().__init__(RunDir(cfg.out_dir) if cfg.save else None, talks=cfg.progress and d.main,
+                         writes=cfg.save and d.main)
+        self.last_val: float | None = None
+
+    # the run's settings, as the loop reads them (a run sized by its time budget changes its steps as it goes)
+    @property
+    def steps(self) -> int:  # type: ignore[override]
+        return self.cfg.steps
+
+    @property
+    def eval_interval(self) -> int:  # type: ignore[override]
+        return self.cfg.eval_interval
+
+    @property
+    def log_interval(self) -> int:  # type: ignore[override]
+        return self.cfg.log_interval
+
+    @property
+    def max_time(self) -> float:  # type: ignore[override]
+        return self.cfg.max_time
+
+    @property
+    def keep_last(self) -> int:  # type: ignore[override]
+        return self.cfg.keep_last
 
     def run(self, resume: bool) -> TrainResult:
         if self.run_dir is not None:
@@ -144,56 +164,25 @@ class Trainer:
         if self.step >= cfg.steps:  # a finished run: nothing to train; report what it recorded
             return self.finished()
         peak = matmul_peak(self.device, torch.bfloat16 if self.bf16 else torch.float32)
-        speed = Throughput(cfg.windows_per_step * self.T, training_flops_per_token(self.model_cfg, self.T), peak)
+        self.speed = Throughput(cfg.windows_per_step * self.T, training_flops_per_token(self.model_cfg, self.T), peak)
         # the bar draws on a terminal only (disable=None); piped into a log, the run still writes its banner,
         # each evaluation's line and the summary
-        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr,
-                   disable=None if self.talks else True)
+        self.bar = bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr,
+                              disable=None if self.talks else True)
         if self.talks:
-            bar.write(self.banner(speed.tokens_per_step), file=sys.stderr)
-        t_start, loss, val, stopped = time.perf_counter(), None, None, "done"
-        # the run's clock counts on across a resume, from the time its last evaluation recorded
-        self.t0 = t_start - max((r["time"] for r in self.history if isinstance(r.get("time"), (int, float))),
-                                default=0.0)
-        tuner = ThreadTuner() if not cfg.threads and self.device.type == "cpu" else None  # threads = 0: measured
+            bar.write(self.banner(self.speed.tokens_per_step), file=sys.stderr)
+        t_start = time.perf_counter()
+        # threads = 0: measured
+        self.tuner = ThreadTuner() if not cfg.threads and self.device.type == "cpu" else None
         # time_budget: the first steps timed, then the step count chosen (while the rate still warms up)
-        budget = StepBudget(cfg.time_budget, cfg.warmup, self.step) if cfg.time_budget else None
-        with ctrl_c() as interrupted:
-            while self.step < cfg.steps:
-                t0 = time.perf_counter()
-                loss, lr, gnorm = self.train_step()
-                dt = time.perf_counter() - t0
-                speed.add(dt)
-                if tuner is not None:
-                    tuner.record(dt)
-                per_step = budget.record(dt) if budget is not None else None
-                if budget is not None and per_step is not None:
-                    # every rank chooses from the same mean time, so all take the same steps
-                    per_step = distributed.mean(torch.tensor(per_step, dtype=torch.float64), self.dist).item()
-                    cfg = self.choose_steps(budget.steps(per_step), per_step)
-                    bar.total, budget = cfg.steps, None
-                if self.step % cfg.log_interval == 0 or self.step == cfg.steps:
-                    rec = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": gnorm, "tokens": self.tokens,
-                           **speed.window(), **({"threads": torch.get_num_threads()} if tuner else {})}
-                    self.record(rec)
-                    bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rec['tokens_per_s']:,.0f}", mfu=f"{rec['mfu']:.0%}",
-                                    refresh=False)
-                bar.update(1)
-                out_of_time = bool(cfg.max_time) and time.perf_counter() - t_start > cfg.max_time
-                stop = distributed.any_rank(self.dist, out_of_time, interrupted.is_set())
-                if self.step % cfg.eval_interval == 0 or self.step == cfg.steps or stop[0]:
-                    val = self.evaluate_and_save(loss, bar)
-                if stop[1]:
-                    bar.close()
-                    raise TrainingInterrupted(self.step, self.checkpoint_now())
-                if stop[0]:
-                    stopped = "max_time"
-                    break
+        self.budget = StepBudget(cfg.time_budget, cfg.warmup, self.step) if cfg.time_budget else None
+        self.last_loss: float | None = None
+        stopped = self.run_steps(bar)
         bar.close()
         result = TrainResult(
-            final_val_loss=val, best_val_loss=self.best if math.isfinite(self.best) else val,
-            final_train_loss=loss, steps=self.step, tokens=self.tokens, tokens_per_s=speed.tokens_per_s,
-            mfu=speed.mfu, wall_time=time.perf_counter() - t_start, history=self.history, model=self.raw.eval(),
+            final_val_loss=self.last_val, best_val_loss=self.best if math.isfinite(self.best) else self.last_val,
+            final_train_loss=self.last_loss, steps=self.step, tokens=self.tokens, tokens_per_s=self.speed.tokens_per_s,
+            mfu=self.speed.mfu, wall_time=time.perf_counter() - t_start, history=self.history, model=self.raw.eval(),
             tokenizer=self.tokenizer, run_dir=self.path, chars_per_token=self.val_chars_per_token, stopped=stopped,
         )
         if self.writes:
@@ -204,6 +193,30 @@ class Trainer:
             print(summary_line(result), file=sys.stderr)
             print(f"lumen train: on {machine()}", file=sys.stderr)
         return result
+
+    # the loop's hooks ---------------------------------------------------------------------------
+    def timed(self, seconds: float) -> None:
+        """The step's time: for the speed, the thread tuner, and a time budget's step count."""
+        self.speed.add(seconds)
+        if self.tuner is not None:
+            self.tuner.record(seconds)
+        per_step = self.budget.record(seconds) if self.budget is not None else None
+        if self.budget is not None and per_step is not None:
+            # every rank chooses from the same mean time, so all take the same steps
+            per_step = distributed.mean(torch.tensor(per_step, dtype=torch.float64), self.dist).item()
+            self.bar.total = self.choose_steps(self.budget.steps(per_step), per_step).steps
+            self.budget = None
+
+    def agree(self, out_of_time: bool, interrupted: bool) -> tuple[bool, bool]:
+        """A run's processes stop together: when any is out of time, or interrupted."""
+        for_time, at_once = distributed.any_rank(self.dist, out_of_time, interrupted)
+        return bool(for_time), bool(at_once)
+
+    def log_extra(self) -> dict:
+        return {**self.speed.window(), **({"threads": torch.get_num_threads()} if self.tuner else {})}
+
+    def log_line(self, rec: dict) -> dict[str, str]:
+        return {"loss": f"{rec['loss']:.4f}", "tok_s": f"{rec['tokens_per_s']:,.0f}", "mfu": f"{rec['mfu']:.0%}"}
 
     def choose_steps(self, steps: int, per_step: float) -> TrainConfig:
         """The run's step count chosen for its time budget (train.budget), the evaluations spread over it as
@@ -222,8 +235,8 @@ class Trainer:
                   f"into {where})", file=sys.stderr)
         return self.cfg
 
-    def train_step(self) -> tuple[float, float, float]:
-        """One optimizer step over the global batch; returns (mean loss, lr, gradient norm)."""
+    def train_step(self) -> dict:
+        """One optimizer step over the global batch; returns its mean loss, lr and gradient norm."""
         cfg, d = self.cfg, self.dist
         lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps, cfg.schedule, cfg.decay)
         set_lr(self.opt, lr)
@@ -249,13 +262,14 @@ class Trainer:
             raise TrainingError(self.bad_loss_message(gnorm, "gradient norm"))
         self.step += 1
         self.tokens += cfg.windows_per_step * self.T
-        return loss, lr, gnorm
+        self.last_loss = loss
+        return {"loss": loss, "lr": lr, "grad_norm": gnorm}
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     @torch.no_grad()
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict:
         """Mean validation loss over a fixed set of windows spread evenly over the validation split."""
         self.raw.eval()
         starts = self.data.even_starts("val", self.T, self.cfg.eval_windows)
@@ -271,7 +285,7 @@ class Trainer:
             total += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64)
         total = distributed.total(total, self.dist)
         self.raw.train()
-        return (total[0] / total[1]).item()
+        return {"val_loss": (total[0] / total[1]).item()}
 
     def sample(self) -> str:
         """Text the model writes after the sample prompt (its own generator: training RNG untouched)."""
@@ -285,8 +299,10 @@ class Trainer:
         self.raw.train()
         return self.tokenizer.decode(prompt + [int(t[0]) for t in ids])
 
-    def evaluate_and_save(self, train_loss: float, bar) -> float:
-        val = self.evaluate()
+    def evaluate_and_save(self, out: dict, bar) -> dict:
+        """The validation loss (and a sample of text), recorded and checkpointed."""
+        train_loss = out["loss"]
+        val = self.evaluate()["val_loss"]
         if not math.isfinite(val):
             raise TrainingError(self.bad_loss_message(val, "validation loss", self.step))
         seconds = time.perf_counter() - self.t0
@@ -307,7 +323,8 @@ class Trainer:
         self.record(rec)
         if self.cfg.save:
             self.save(val, improved)
-        return val
+        self.last_val = val
+        return rec
 
     # the run directory (rundir.py) ------------------------------------------------------------
     @property
@@ -330,26 +347,21 @@ class Trainer:
             assert self.run_dir is not None  # saving implies cfg.save
             # (sharded runs are AdamW's: TrainConfig refuses Muon with FSDP)
             shards = self.opt if self.sharded and isinstance(self.opt, torch.optim.Optimizer) else None
-            path = self.run_dir.save(self.step, self.raw, self.tokenizer, meta, state, val, improved,
-                                     self.cfg.keep_last, optimizer=shards, main=self.dist.main)
+            path = self.run_dir.save(self.step, lambda p: self.write_checkpoint(p, meta, state, shards), val,
+                                     improved, self.cfg.keep_last, main=self.dist.main)
             if self.writes:
                 self.run_dir.plot(self.history, title=f"{self.run_dir.path.name}: {self.model_cfg.name}")
         self.saved = (self.step, path)
         return path
 
-    def checkpoint_now(self) -> Path | None:
-        """The current step as a checkpoint (without an evaluation, unless one just saved it)."""
-        if not self.cfg.save:
-            return None
-        # (decided from what this process saved, not from the folder: every rank decides alike, and a sharded
-        # save needs them all)
-        return self.saved[1] if self.saved is not None and self.saved[0] == self.step else self.save(None, False)
-
-    def kept(self) -> str:
-        """What a run that stops now keeps, and how to go on (for a message)."""
-        newest = self.run_dir.newest() if self.run_dir is not None else None
-        return (f"the last checkpoint is {newest}: continue with --resume" if newest is not None else
-                "no checkpoint was written yet")
+    def write_checkpoint(self, path: Path, meta: dict, state: dict,
+                         shards: torch.optim.Optimizer | None = None) -> None:
+        """A checkpoint of the model (lumen.formats.checkpoint); sharded: this rank's shards (and rank 0 the
+        rest)."""
+        if shards is not None:
+            ckpt.save_sharded_checkpoint(path, self.raw, shards, self.tokenizer, meta, state)
+        else:
+            ckpt.save_checkpoint(path, self.raw, self.tokenizer, meta, state)
 
     def open_run_dir(self, resume: bool) -> None:
         assert self.run_dir is not None
@@ -394,12 +406,6 @@ class Trainer:
             print(f"lumen train: {self.path} is already trained to step {self.step} (steps = {self.cfg.steps}); "
                   f"as recorded:\n{summary_line(result)}", file=sys.stderr)
         return result
-
-    def record(self, rec: dict) -> None:
-        self.history.append(rec)
-        if self.writes:
-            assert self.run_dir is not None  # writes implies cfg.save
-            self.run_dir.record(rec)
 
     # -----------------------------------------------------------------------------------------
     def banner(self, tokens_per_step: int) -> str:

@@ -20,6 +20,7 @@ import json
 import math
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from ..config import ModelConfig
 from ..errors import CheckpointError, ConfigError, LumenError, TrainingError, UserError
-from ..files import atomic_dir, check_writable, read_json, write_text
+from ..files import atomic_dir, check_writable, read_json, recover_dir, write_text
 from ..formats import checkpoint as ckpt
 from ..model import GPT
 from ..tokenizers import Tokenizer
@@ -43,8 +44,29 @@ RUN_FILES = ("config.toml", "tokenizer.json", "tokenizer_config.json", METRICS, 
 class RunDir:
     """The folder of one run (rank 0 writes it; every rank reads it)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, needs: tuple[str, ...] = ()):
+        """needs: the files a complete checkpoint of this run holds (default: a GPT's, lumen.formats.checkpoint;
+        a sparse dictionary's run names its own)."""
         self.path = Path(path)
+        self.needs = needs
+
+    def complete(self, checkpoint: Path) -> bool:
+        """Whether a step folder holds a whole checkpoint (its manifest is checked only on resuming)."""
+        if not self.needs:
+            return ckpt.is_checkpoint(checkpoint)
+        return all((checkpoint / name).is_file() for name in self.needs)
+
+    def checkpoints(self) -> list[Path]:
+        """The run's complete checkpoints, oldest first."""
+        return [p for p in ckpt.step_folders(self.path) if self.complete(p)]
+
+    def best(self) -> Path | None:
+        """The checkpoint best.json names, if it is still there."""
+        try:
+            path = self.path / ckpt.CHECKPOINTS / str(read_json(self.path / ckpt.BEST, "best checkpoint")["checkpoint"])
+        except (LumenError, KeyError, TypeError):
+            return None
+        return path if path.parent == self.path / ckpt.CHECKPOINTS and self.complete(path) else None
 
     def check(self, resume: bool) -> None:
         """Before anything starts: the run's folder can be written (no part of it a file, no file of the run a
@@ -90,7 +112,7 @@ class RunDir:
 
     def tidy(self) -> None:
         """After a crash: drop half-written checkpoints; put back one that was being replaced."""
-        ckpt.clean_partial(self.path)
+        recover_dir(self.path / ckpt.CHECKPOINTS, self.complete)
 
     def resume_point(self, say: bool) -> Path | None:
         """The newest intact checkpoint (None if there is none at all); damaged newer ones are named and
@@ -99,7 +121,7 @@ class RunDir:
         damaged = []
         for path in sorted(found, key=ckpt.step_key, reverse=True):
             try:
-                ckpt.verify(path)
+                ckpt.verify(path, self.needs)
             except CheckpointError as e:
                 damaged.append(f"{path.name} ({e})")
                 continue
@@ -147,38 +169,36 @@ class RunDir:
         with open(self.path / METRICS, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
 
-    def save(self, step: int, model, tokenizer: Tokenizer, meta: dict, state: dict, val: float | None,
-             improved: bool, keep_last: int, optimizer: torch.optim.Optimizer | None = None,
+    def save(self, step: int, write: Callable[[Path], object], val: float | None, improved: bool, keep_last: int,
              main: bool = True) -> Path:
-        """Write checkpoint step-N (and best.json if it improved), then drop all but the newest `keep_last`
-        and the best among those up to this step. optimizer: a sharded checkpoint, which every rank writes
-        (each its shards of the weights and the optimizer's state; `main`, rank 0, the rest and the records)."""
+        """Write checkpoint step-N with write(path) (which writes a folder atomically: a GPT's through
+        lumen.formats.checkpoint, a dictionary's through lumen.features.train) and best.json if it improved,
+        then drop all but the newest `keep_last` and the best among those up to this step. A sharded
+        checkpoint is written by every rank (each its shards); `main`, rank 0, writes the rest and the records."""
         name = f"{ckpt.PREFIX}{step:06d}"
         path = self.path / ckpt.CHECKPOINTS / name
         try:
-            if optimizer is not None:
-                ckpt.save_sharded_checkpoint(path, model, optimizer, tokenizer, meta, state)
-            else:
-                ckpt.save_checkpoint(path, model, tokenizer, meta, state)
+            write(path)
             if improved and main:
                 write_text(self.path / ckpt.BEST, json.dumps({"checkpoint": name, "val_loss": val}))
         except OSError as e:
-            kept = [p.name for p in ckpt.checkpoints(self.path)]
+            kept = [p.name for p in self.checkpoints()]
             raise TrainingError(
                 f"could not save checkpoint {name} ({e.strerror or e}); the previous checkpoints are intact "
                 f"({', '.join(kept) or 'none yet'}); free space in {self.path} and rerun with --resume"
             ) from e
         if not main:
             return path
-        best = ckpt.best_checkpoint(self.path)
-        upto = [p for p in ckpt.checkpoints(self.path) if ckpt.step_key(p) <= step]
+        best = self.best()
+        upto = [p for p in self.checkpoints() if ckpt.step_key(p) <= step]
         for old in upto[: -keep_last or None]:
             if old != best and old != path:
                 shutil.rmtree(old, ignore_errors=True)
         return path
 
     def newest(self) -> Path | None:
-        return ckpt.latest_checkpoint(self.path)
+        found = self.checkpoints()
+        return found[-1] if found else None
 
     def summary(self) -> dict | None:
         """What summary.json records (None if missing or unreadable)."""
