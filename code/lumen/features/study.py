@@ -448,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         windows = token_windows(tok, args.corpus, "train", args.windows, args.seq_len, args.seed)
         n = measure(model, tok, sae, windows, ioi_pairs(tok, args.prompts, args.seed), args.seed, say)
         say("the dictionary's quality on held-out text")
-        q = quality(model, sae, token_windows(tok, args.corpus, "val", args.quality_windows, args.seq_len, args.seed))
+        q = quality(model, sae, token_windows(tok, args.corpus, "val", args.quality_windows, args.seq_len, args.seed),
+                    skip=1)
     except LumenError as e:
         print(f"python -m lumen.features.study: error: {e}", file=sys.stderr)
         return 2
@@ -456,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     about = (f"Model `{args.model}`, dictionary `{args.sae}`{': ' + args.note if args.note else ''}. Its quality on "
              f"{q.tokens:,} held-out tokens of {args.corpus}: fraction of variance unexplained {q.fvu:.3f}, L0 "
-             f"{q.l0:.1f}, dead {_pct(q.dead)}, next-token loss recovered {_pct(q.ce_recovered)} (`lumen features`). "
+             f"{q.l0:.1f}, dead {_pct(q.dead)}, next-token loss recovered {_pct(q.ce_recovered)} "
+             "(`lumen features`, each window's first token left out). "
              f"Text: {args.windows} windows of {args.seq_len} tokens of {args.corpus} (seed {args.seed}). Machine: "
              f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, load "
              f"{load_avg:.1f}; {time.perf_counter() - t0:.0f} s in all.")
