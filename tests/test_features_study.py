@@ -118,7 +118,7 @@ def test_ioi_features_are_ranked_by_attribution_and_measured_by_exact_patching()
                 before = float(p.metric(model(corrupt)[0]))
             exact += float(p.metric(restored(model, sae, clean, corrupt, [f]))) - before
         assert r["exact"] == pytest.approx(exact / gap, rel=1e-4)
-        assert r["where"] in ("S2", "END")                # the prompts agree before the second mention
+        assert r["where"] in ("S2", "after S2", "END")   # the prompts agree before the second mention
 
 
 def test_the_control_is_a_random_dictionary_of_the_same_shape_and_sparsity():
@@ -165,3 +165,10 @@ def test_the_page_command_refuses_a_missing_dictionary_in_one_line(tmp_path, cap
     assert main([str(tmp_path / "features.md"), "--sae", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nowhere" in err[0] and not (tmp_path / "features.md").exists()
+
+
+def test_the_positions_of_an_ioi_prompt_are_named_by_their_role():
+    from lumen.features.study import role
+
+    p = Pair([8, 5, 9, 6, 9, 7, 3, 2], [8, 5, 9, 6, 5, 7, 3, 2], 5, 9)   # x IO S1 y S2 z z END
+    assert [role(p, t) for t in range(8)] == ["other", "IO", "S1", "other", "S2", "after S2", "after S2", "END"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import sys
 import time
 from collections import Counter
@@ -197,10 +198,12 @@ def ioi_pairs(tokenizer: Tokenizer, n: int = 16, seed: int = 0) -> list[Pair]:
     return found
 
 
-def roles(p: Pair) -> dict[int, str]:
-    """The named positions of a pair's clean prompt: IO, S1, S2 (the two mentions of the subject), END."""
-    at_s = [t for t, i in enumerate(p.clean) if i == p.wrong]
-    return {p.clean.index(p.answer): "IO", at_s[0]: "S1", at_s[-1]: "S2", len(p.clean) - 1: "END"}
+def role(p: Pair, t: int) -> str:
+    """What position t of a pair's clean prompt is: IO, S1, S2 (the subject's two mentions), END, or the words
+    between S2 and END ("after S2"), or any other ("other")."""
+    at_s = [i for i, x in enumerate(p.clean) if x == p.wrong]
+    named = {p.clean.index(p.answer): "IO", at_s[0]: "S1", at_s[-1]: "S2", len(p.clean) - 1: "END"}
+    return named.get(t, "after S2" if t > at_s[-1] else "other")
 
 
 @torch.no_grad()
@@ -234,7 +237,7 @@ def ioi_features(model: GPT, sae: SAE, pairs: Sequence[Pair], top: int = 5) -> d
     """Over the pairs, each feature's attribution (summed over positions and pairs) to the logit difference between
     the clean and the corrupted prompt; the `top` features by attribution, each patched exactly into the corrupted
     runs: the share of the clean-minus-corrupted difference it restores (sums over pairs), its first-order
-    estimate, and the prompt position (IO, S1, S2, END or other) where its clean and corrupted activations differ
+    estimate, and the prompt position (`role`) where its clean and corrupted activations differ
     most, counted over pairs. "all": every feature at once (what the dictionary's reconstruction carries).
     The pairs run in batches of one token length."""
     attr = torch.zeros(sae.d_sae, dtype=torch.float64)
@@ -267,7 +270,7 @@ def ioi_features(model: GPT, sae: SAE, pairs: Sequence[Pair], top: int = 5) -> d
     for f in attr.topk(top).indices.tolist():
         exact = sum(float((diff(restored(model, sae, clean, corrupt, [f], f_clean)) - m).sum())
                     for _, diff, clean, corrupt, f_clean, m, _ in groups)
-        where = Counter(roles(p).get(int(d[b, :, f].argmax()), "other")
+        where = Counter(role(p, int(d[b, :, f].argmax()))
                         for group, *_, d in groups for b, p in enumerate(group))
         found.append({"feature": f, "estimate": float(attr[f]) / gap, "exact": exact / gap,
                       "where": where.most_common(1)[0][0], "where_share": where.most_common(1)[0][1] / len(pairs)})
@@ -348,9 +351,19 @@ def verdict(n: dict) -> str:
     io = n["ioi"]
     if io["top"]:
         best = max(io["top"], key=lambda r: r["exact"])
+        together = sum(r["exact"] for r in io["top"])
         words.append(f"On the IOI prompts, all features together carry {_pct(io['all'])} of the clean-minus-corrupted "
-                     f"logit difference; the single feature that restores most, {best['feature']}, restores "
-                     f"{_pct(best['exact'])} (attribution patching estimated {_pct(best['estimate'])}).")
+                     f"logit difference (the error term the rest); the single feature that restores most, "
+                     f"{best['feature']}, restores {_pct(best['exact'])}, and the top {len(io['top'])} by attribution "
+                     f"{_pct(together)} between them" + (
+                         ": no single feature carries the name; it is spread over many." if best["exact"] < 0.1
+                         else "."))
+        close = all(abs(r["estimate"] - r["exact"]) <= 0.25 * abs(r["exact"]) + 0.005 for r in io["top"])
+        words.append(f"Attribution patching's estimates {'agree with' if close else 'differ from'} the exact patches "
+                     f"feature by feature, but for all features at once it estimates {_pct(io['estimate_all'])} "
+                     f"against {_pct(io['all'])} exact" + (": the effect of many features together is far from "
+                                                           "linear." if abs(io["estimate_all"] - io["all"]) > 0.2
+                                                           else "."))
     return " ".join(words)
 
 
@@ -407,6 +420,8 @@ def page(n: dict, command: str, about: str) -> str:
     lines += [f"| {r['feature']} | {_pct(r['estimate'])} | {_pct(r['exact'])} | {r['where']} "
               f"({_pct(r['where_share'])} of prompts) | {_pct(r['density'])} | {_tokens(r['fires_on'])} | "
               f"{_tokens(r['promotes'])} |" for r in io["top"]]
+    lines += ["", "\"Differs most at\": the position where the feature's clean and corrupted activations differ most, "
+              "commonest over the prompts (IO, S1, S2: the names; END: the last token; after S2: the words between)."]
     return "\n".join(lines) + "\n"
 
 
@@ -453,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     except LumenError as e:
         print(f"python -m lumen.features.study: error: {e}", file=sys.stderr)
         return 2
-    command = " ".join(["python -m lumen.features.study", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "lumen.features.study", *(argv if argv is not None else sys.argv[1:])])
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     about = (f"Model `{args.model}`, dictionary `{args.sae}`{': ' + args.note if args.note else ''}. Its quality on "
              f"{q.tokens:,} held-out tokens of {args.corpus}: fraction of variance unexplained {q.fvu:.3f}, L0 "
