@@ -270,7 +270,7 @@ def ioi_features(model: GPT, sae: SAE, pairs: Sequence[Pair], top: int = 5) -> d
     for f in attr.topk(top).indices.tolist():
         exact = sum(float((diff(restored(model, sae, clean, corrupt, [f], f_clean)) - m).sum())
                     for _, diff, clean, corrupt, f_clean, m, _ in groups)
-        where = Counter(role(p, int(d[b, :, f].argmax()))
+        where = Counter(role(p, int(d[b, :, f].argmax())) if d[b, :, f].max() > 0 else "nowhere"
                         for group, *_, d in groups for b, p in enumerate(group))
         found.append({"feature": f, "estimate": float(attr[f]) / gap, "exact": exact / gap,
                       "where": where.most_common(1)[0][0], "where_share": where.most_common(1)[0][1] / len(pairs)})
@@ -344,8 +344,11 @@ def verdict(n: dict) -> str:
         words.append(f"A random dictionary of the same shape scores {_pct(r['class_share'])} (same token "
                      f"{_pct(r['token_share'])}): " + (
                          f"the trained features' lead over it, {100 * gain:+.1f} points, is what training adds."
-                         if gain > 0.05 else "the trained features do no better, so this measure mostly rewards "
-                         "sparsity itself, not what the dictionary learned."))
+                         if gain > 0.05 else
+                         f"the trained features lead it by only {100 * gain:+.1f} points, so most of their lead over "
+                         "the units is what sparsity alone gives, not what the dictionary learned." if gain > 0 else
+                         "the trained features do no better, so this measure rewards sparsity itself, not what the "
+                         "dictionary learned."))
     words.append(f"The median feature fires on {_pct(f['density_median'])} of the tokens, the median unit is "
                  f"positive on {_pct(u['density_median'])}.")
     io = n["ioi"]
@@ -421,7 +424,8 @@ def page(n: dict, command: str, about: str) -> str:
               f"({_pct(r['where_share'])} of prompts) | {_pct(r['density'])} | {_tokens(r['fires_on'])} | "
               f"{_tokens(r['promotes'])} |" for r in io["top"]]
     lines += ["", "\"Differs most at\": the position where the feature's clean and corrupted activations differ most, "
-              "commonest over the prompts (IO, S1, S2: the names; END: the last token; after S2: the words between)."]
+              "commonest over the prompts (IO, S1, S2: the names; END: the last token; after S2: the words between; "
+              "nowhere: the feature is the same in both runs of a prompt)."]
     return "\n".join(lines) + "\n"
 
 
