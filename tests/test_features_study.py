@@ -157,6 +157,15 @@ def test_the_page_carries_the_numbers_and_a_verdict_they_decide():
     more = verdict(base | {"features": kinds | {"class_share": 0.8}, "neurons": kinds | {"class_share": 0.5}})
     same = verdict(base | {"features": kinds | {"class_share": 0.5}, "neurons": kinds | {"class_share": 0.52}})
     assert "more often" in more and "about as often" in same
+    control = {"token_share": 0.1}
+    learned = verdict(base | {"features": kinds | {"class_share": 0.8}, "neurons": kinds | {"class_share": 0.5},
+                              "control": control | {"class_share": 0.6}})
+    slight = verdict(base | {"features": kinds | {"class_share": 0.63}, "neurons": kinds | {"class_share": 0.5},
+                             "control": control | {"class_share": 0.6}})
+    nothing = verdict(base | {"features": kinds | {"class_share": 0.58}, "neurons": kinds | {"class_share": 0.5},
+                              "control": control | {"class_share": 0.6}})
+    assert "+20.0 points, is what training adds" in learned and "only +3.0 points" in slight
+    assert "do no better" in nothing
 
 
 def test_the_page_command_refuses_a_missing_dictionary_in_one_line(tmp_path, capsys):
