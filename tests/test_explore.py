@@ -238,3 +238,64 @@ def test_serve_answers_prompts_through_the_page_and_survives_bad_ones(subject, b
         server.server_close()
         thread.join(10)
     assert not thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def feature_page_file(subject, tmp_path_factory):
+    """A feature page of the peaked model, its dictionary the stream's own basis (feature j: relu(x_j))."""
+    from lumen.features import SAE, ReLU
+    from lumen.features.pages import feature_data
+    from lumen.report.explore import feature_page
+
+    model, tok = subject
+    d = model.cfg.d_model
+    sae = SAE(d, 2 * d, ReLU(), "blocks.1.resid_post", apply_b_dec_to_input=False)
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.cat([torch.eye(d), -torch.eye(d)], 1))
+        sae.W_dec.copy_(torch.cat([torch.eye(d), -torch.eye(d)], 0))
+        sae.b_enc.zero_()
+        sae.b_dec.zero_()
+    ids = tok.encode(TEXT * 3)
+    windows = torch.tensor([ids[i:i + 20] for i in range(0, len(ids) - 20, 20)])
+    data = feature_data(model, tok, sae, windows, features=[5], k=6)
+    path = tmp_path_factory.mktemp("features") / "feature-5.html"
+    path.write_text(feature_page(data, data["features"][0], "../page.html"))
+    return path, data["features"][0]
+
+
+def test_a_feature_pages_labels_and_tokens_never_overlap(feature_page_file, browser):
+    """Each bar's label, track and value sit side by side in their own boxes; each context's activation stands
+    left of its text, its tokens left to right without overlapping, each shaded by its own activation; the rows
+    stack without touching."""
+    from lumen.report.explore import shade
+
+    path, page = feature_page_file
+    browser.get(path.as_uri())
+    box = ("return [...arguments[0]].map(e => { const r = e.getBoundingClientRect(); "
+           "return [r.left, r.right, r.top, r.bottom, e.scrollWidth, e.clientWidth, "
+           "getComputedStyle(e).backgroundColor]; })")
+    for kind in ("promoted", "suppressed", "lens"):
+        rows = css(browser, f"#{kind} .bar-row")
+        assert len(rows) == 10
+        parts = [browser.execute_script(box, row.find_elements("css selector", ":scope > span")) for row in rows]
+        for row, (name, track, val) in zip(rows, parts):
+            assert name[4] <= name[5] + 1, f"{kind} {row.get_attribute('data-token')!r}: the label is cut or spills"
+            assert name[1] <= track[0] + 0.5 and track[1] <= val[0] + 0.5, row.get_attribute("data-token")
+        for a, b in zip(parts, parts[1:]):
+            assert a[0][3] <= b[0][2] + 0.5
+    contexts = css(browser, ".context")
+    assert len(contexts) == len(page["contexts"]) > 1
+    top = max(c["activation"] for c in page["contexts"])
+    lines = []
+    for ctx, want in zip(contexts, page["contexts"]):
+        act = browser.execute_script(box, [ctx.find_element("css selector", ".act")])[0]
+        toks = browser.execute_script(box, ctx.find_elements("css selector", ".tok"))
+        assert len(toks) == len(want["tokens"])
+        assert act[4] <= act[5] + 1 and act[1] <= toks[0][0] + 0.5, "the activation is cut or runs into the text"
+        for a, b in zip(toks, toks[1:]):
+            assert a[1] <= b[0] + 0.5 and abs(a[2] - b[2]) < 1, "tokens overlap or leave the line"
+        for t, a in zip(toks, want["activations"]):
+            assert t[6].replace(" ", "") == shade(a, top)
+        lines.append(act)
+    for a, b in zip(lines, lines[1:]):
+        assert a[3] <= b[2] + 0.5

@@ -1,17 +1,27 @@
 """`lumen explore MODEL --prompt P [--contrast A B] [--corrupt Q] [--tuned PATH] --out page.html`: one
 self-contained HTML page to explore a prompt: logit lens (hover for the top tokens), direct logit
 attribution per position (click a column), heads and their attention patterns (click a head), and the
-activation-patching maps when a corrupted prompt is given. No network: everything is inline."""
+activation-patching maps when a corrupted prompt is given. No network: everything is inline.
+
+With `--sae DICT` (a sparse dictionary, as for `lumen features`), a page per feature too, in PAGE's folder under
+NAME-features/ (the --features densest ones, or those named by --feature), each with its top contexts in the
+--corpus (tokens shaded by activation), its logit effects, its logit lens and its density, linked from the page."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
-from collections.abc import Callable, Iterator
-from unittest import mock
 
-from .models import add_model_argument, load_with_tokenizer, output_file, path_text
+from .models import (
+    add_model_argument,
+    add_text_arguments,
+    at_least,
+    check_corpus,
+    load_with_tokenizer,
+    output_file,
+    path_text,
+    read_windows,
+)
 from .patch import KINDS
 
 
@@ -27,6 +37,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
                    "(layer, position) cell is a forward pass)")
     p.add_argument("--tuned", metavar="PATH", help="a tuned lens for this model: adds a lens toggle")
     p.add_argument("--out", required=True, metavar="PAGE", type=path_text, help="the HTML file to write")
+    g = p.add_argument_group("feature pages")
+    g.add_argument("--sae", metavar="DICT", help="a sparse dictionary (a SAELens folder or hf:ORG/NAME/FOLDER): "
+                   "adds a page per feature")
+    g.add_argument("--features", type=int, default=20, metavar="N", help="pages for the N densest features")
+    g.add_argument("--feature", type=int, nargs="+", metavar="I", help="pages for these features instead")
+    g.add_argument("--contexts", type=int, default=10, help="top contexts per feature page")
+    add_text_arguments(p, seq_len=64, windows=64)   # the corpus the feature pages read
     return p
 
 
@@ -36,45 +53,47 @@ def run(args: argparse.Namespace) -> int:
     from ..report.explore import explore_data, explore_page
 
     output_file(args.out)
+    sae = None
+    if args.sae:                                      # the small file and the corpus first: they fail fast
+        from ..features import read_saelens
+        from ..features.tools import check_feature
+
+        at_least(args, "features", "contexts", "windows")
+        at_least(args, "seq_len", least=2)
+        sae = read_saelens(args.sae)
+        for f in args.feature or []:
+            check_feature(sae, f)
+        check_corpus(args.corpus)
     model, tok = load_with_tokenizer(args.model)
     tuned = TunedLens.load(args.tuned, model) if args.tuned else None
     t0 = time.perf_counter()
-    with _parts_bar(tuned is not None):
-        data = explore_data(model, tok, args.prompt, tuple(args.contrast) if args.contrast else None,
-                            args.corrupt, tuned, patch_kinds=args.patch)
-    path = write_text(args.out, explore_page(data))
+    data = explore_data(model, tok, args.prompt, tuple(args.contrast) if args.contrast else None, args.corrupt, tuned,
+                        patch_kinds=args.patch)
+    index = ""
+    if sae is not None:
+        index = write_feature_pages(model, tok, sae, args, tuned)
+    path = write_text(args.out, explore_page(data, features=index))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB; {len(data['tokens'])} tokens, "
           f"{data['n_layers']} layers x {data['n_heads']} heads; computed in {time.perf_counter() - t0:.1f} s)")
     return 0
 
 
-# the parts of lumen.report.explore.explore_data that each run the model once, with what the bar calls them
-PARTS = {"logit_lens": "lens", "attribute": "attribution", "_patterns": "heads"}
+def write_feature_pages(model, tok, sae, args: argparse.Namespace, tuned) -> str:
+    """Write a page per feature beside args.out (in NAME-features/); the explorer page's section linking them."""
+    from pathlib import Path
 
+    from ..features.pages import feature_data
+    from ..features.splice import check_fits
+    from ..files import write_text
+    from ..report.explore import feature_file, feature_page, features_index
 
-@contextlib.contextmanager
-def _parts_bar(tuned: bool) -> Iterator[None]:
-    """A bar (lumen.progress) over explore_data's parts: the lens (and the tuned lens), the attribution and the
-    heads' patterns, each one forward pass with its cache, so equal pieces of work for the estimate. The part
-    running is named after the bar; the patching maps (--corrupt) close it and draw their own bar, by cells."""
-    from ..progress import progress
-    from ..report import explore as page
-
-    with progress(total=len(PARTS) + tuned, desc="exploring", unit="part") as bar, contextlib.ExitStack() as stack:
-        def counted(f: Callable, part: str) -> Callable:
-            def part_of_the_page(*args, **kwargs):
-                bar.set_postfix_str(part)
-                out = f(*args, **kwargs)
-                bar.update()
-                return out
-            return part_of_the_page
-
-        def patching(*args, **kwargs):
-            bar.close()   # done: the maps' own bar (by cells) draws now
-            return maps(*args, **kwargs)
-
-        maps = page.patching_maps
-        for name, part in PARTS.items():
-            stack.enter_context(mock.patch.object(page, name, counted(getattr(page, name), part)))
-        stack.enter_context(mock.patch.object(page, "patching_maps", patching))
-        yield
+    check_fits(model, sae)
+    out = Path(args.out)
+    folder = f"{out.stem}-features"
+    windows = read_windows(model, tok, args, "train", args.windows, args.seed)
+    data = feature_data(model, tok, sae, windows, args.feature, args.features, args.contexts, lens=tuned,
+                        corpus=args.corpus)
+    for page in data["features"]:
+        write_text(out.parent / folder / feature_file(page["feature"]), feature_page(data, page, f"../{out.name}"))
+    print(f"wrote {len(data['features'])} feature pages in {out.parent / folder}")
+    return features_index(data, folder)

@@ -8,15 +8,25 @@
 
 Where things are: dictionary.py (SAE, Transcoder and their activations: ReLU, TopK, BatchTopK, JumpReLU),
 saelens.py (SAELens's cfg.json + sae_weights.safetensors, both ways), splice.py (a dictionary in the forward
-pass through lumen's hooks; its features as named sites), tools.py (a feature's logits, its top contexts,
-attribution patching and exact patching of features).
+pass through lumen's hooks; its features as named sites), tools.py (a feature's logits and logit lens, its top
+contexts with the activation on every token, its density, attribution patching and exact patching of features),
+quality.py (how good a dictionary is), study.py (docs/features.md: features against the MLP's units).
 """
 
 from .dictionary import SAE, BatchTopK, JumpReLU, ReLU, TopK, Transcoder
 from .saelens import hook_from_site, read_saelens, save_saelens, site_from_hook
 from .splice import run_with_cache, spliced
-from .tools import feature_attribution, feature_logits, patch_feature, top_contexts
+from .tools import (
+    FeatureContext,
+    density,
+    feature_attribution,
+    feature_lens,
+    feature_logits,
+    patch_feature,
+    scan,
+    top_contexts,
+)
 
-__all__ = ["SAE", "BatchTopK", "JumpReLU", "ReLU", "TopK", "Transcoder", "feature_attribution", "feature_logits",
-           "hook_from_site", "patch_feature", "read_saelens", "run_with_cache", "save_saelens", "site_from_hook",
-           "spliced", "top_contexts"]
+__all__ = ["SAE", "BatchTopK", "FeatureContext", "JumpReLU", "ReLU", "TopK", "Transcoder", "density",
+           "feature_attribution", "feature_lens", "feature_logits", "hook_from_site", "patch_feature", "read_saelens",
+           "run_with_cache", "save_saelens", "scan", "site_from_hook", "spliced", "top_contexts"]

@@ -7,6 +7,8 @@ network. It shows
     heads              layers x heads, coloured by each head's contribution there; click one for its
                        attention pattern (queries down, keys across)
     patching           with a corrupted prompt: the fraction of the clean answer each patch restores
+    features           with a sparse dictionary: a page per feature (its top contexts, logit effects, logit
+                       lens and density), linked from a table at the end (`feature_data`, `feature_page`)
 
     >>> page = explore_page(explore_data(model, tok, "The Eiffel Tower is in"))   # doctest: +SKIP
 
@@ -31,6 +33,7 @@ from ..inspect.cache import run_with_cache
 from ..inspect.lens import LogitLens, logit_lens
 from ..inspect.patching import KINDS, logit_diff, patching_maps
 from ..model import GPT
+from ..progress import progress
 from ..tokenizers import single_token
 from ..tokenizers.shown import logit_name, shown
 from .html import DARK, LIGHT
@@ -52,13 +55,25 @@ def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] |
     model.eval()
     pair = (single_token(tokenizer, contrast[0], "contrast token"),
             single_token(tokenizer, contrast[1], "contrast token")) if contrast else None
-    lenses = {"logit lens": logit_lens(model, ids, LogitLens(model), k, tokenizer)}
-    if tuned is not None:
-        lenses["tuned lens"] = logit_lens(model, ids, tuned, k, tokenizer)
+    # the page's parts, each one forward pass with its cache: equal pieces of work for the bar's estimate
+    # (the patching maps below draw their own bar, by cells)
+    with progress(total=3 + (tuned is not None), desc="exploring", unit="part") as bar:
+        bar.set_postfix_str("lens")
+        lenses = {"logit lens": logit_lens(model, ids, LogitLens(model), k, tokenizer)}
+        bar.update()
+        if tuned is not None:
+            bar.set_postfix_str("tuned lens")
+            lenses["tuned lens"] = logit_lens(model, ids, tuned, k, tokenizer)
+            bar.update()
+        bar.set_postfix_str("attribution")
+        a = attribute(model, ids, contrast=pair, tokenizer=tokenizer)
+        bar.update()
+        bar.set_postfix_str("heads")
+        patterns = _patterns(model, ids)
+        bar.update()
     texts: dict[int, str] = {}
     for r in lenses.values():
         texts.update(r.texts)
-    a = attribute(model, ids, contrast=pair, tokenizer=tokenizer)
     texts.update({i: tokenizer.decode([i]) for i in a.target + (a.minus or [])})
     L, T = len(model.blocks), len(ids)
     data = {
@@ -69,7 +84,7 @@ def explore_data(model: GPT, tokenizer, prompt: str, contrast: tuple[str, str] |
                           "final_prob": _round(r.final_prob, 4)} for name, r in lenses.items()},
         "attribution": a.to_dict(lambda i: shown(tokenizer.decode([i]))),
         "display": {c: names.display(c) for c in a.components},
-        "patterns": _patterns(model, ids),
+        "patterns": patterns,
         "contrast": list(contrast) if contrast else None,
         "patching": None,
     }
@@ -343,12 +358,14 @@ def _form(values: dict) -> str:
     )
 
 
-def explore_page(data: dict | None, form: dict | None = None, error: str | None = None) -> str:
+def explore_page(data: dict | None, form: dict | None = None, error: str | None = None, features: str = "") -> str:
     """The page as one string. data: from explore_data (None: only the form and the error); form: the
-    served page's text box values (None: a static page without a form)."""
+    served page's text box values (None: a static page without a form); features: the section that links the
+    feature pages (`features_index`)."""
     title = f"lumen explore: {data['model']}" if data else "lumen explore"
     parts = ["<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>",
-             f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>", f"<h1>{escape(title)}</h1>"]
+             f"<title>{escape(title)}</title><style>{STYLE}{FEATURE_STYLE if features else ''}</style></head><body>",
+             f"<h1>{escape(title)}</h1>"]
     if form is not None:
         parts.append(_form(form))
     if error:
@@ -374,5 +391,109 @@ def explore_page(data: dict | None, form: dict | None = None, error: str | None 
             "<div id='patching-title' class='note'></div><div id='patching' class='row-flex'></div></div>",
             f"<script type='application/json' id='data'>{payload}</script><script>{script}</script>",
         ]
+    parts.append(f"{features}</body></html>\n")
+    return "".join(parts)
+
+
+# --- feature pages (`lumen explore --sae DICT`): one page per feature of a sparse dictionary -------------------
+#
+#     top contexts     where the feature fires hardest in a corpus, every token shaded by its activation there
+#     logit effects    the tokens its decoder row promotes and suppresses (lumen.features.feature_logits)
+#     logit lens       its direction read as the stream is read at the depth it writes (feature_lens), in probabilities
+#     density          the share of the corpus's tokens it fires on
+#
+# The numbers come from lumen.features.pages.feature_data; the pages are plain HTML (no script): every number sits in
+# a data- attribute beside the text that shows it.
+
+FEATURE_STYLE = """
+.context { font-family: monospace; white-space: pre; margin: 3px 0; display: flex; align-items: baseline; }
+.context .act { flex: none; width: 8ch; color: #666; text-align: right; padding-right: 1ch; }
+.context .tok { padding: 1px 0; }
+.context .trigger { outline: 1px solid #a63603; }
+table.features td, table.features th { border: 1px solid #ddd; padding: 2px 6px; white-space: pre; font-size: 12px; }
+table.features { border-collapse: collapse; }
+table.features code { background: #f3f3f3; padding: 0 2px; white-space: pre; }
+"""
+
+
+def shade(a: float, top: float) -> str:
+    """A token's background for activation a of a feature whose largest is top: white at 0, orange at top."""
+    x = min(1.0, max(0.0, a / top)) if top > 0 else 0.0
+    return "rgb({},{},{})".format(*(round(w + (o - w) * x) for w, o in zip((255, 255, 255), (253, 141, 60))))
+
+
+def _bars(rows: Sequence[tuple[str, float]], kind: str, digits: int = 3) -> str:
+    """A bar per (token, value), the bars scaled to the largest |value|; the label column as wide as the longest."""
+    rows = [(shown(t), v) for t, v in rows]
+    lim = max((abs(v) for _, v in rows), default=0.0) or 1.0
+    width = max((len(t) for t, _ in rows), default=1)
+    out = [f"<div class='bars' id='{kind}' style='--name-width: {width + 1}ch'>"]
+    for t, v in rows:
+        colour_ = "#b2182b" if v >= 0 else "#2166ac"
+        out.append(f"<div class='bar-row' data-token='{escape(t, quote=True)}' data-value='{v!r}'>"
+                   f"<span class='name'>{escape(t)}</span><span class='track'><span class='bar' style='left:0;"
+                   f"width:{100 * abs(v) / lim:.1f}%;background:{colour_}'></span></span>"
+                   f"<span class='val'>{v:.{digits}f}</span></div>")
+    return "".join(out) + "</div>"
+
+
+def _context(c: dict, top: float) -> str:
+    toks = "".join(
+        f"<span class='tok{' trigger' if j == c['at'] else ''}' data-activation='{a!r}' title='{a:.3f}' "
+        f"style='background:{shade(a, top)}'>{escape(shown(t))}</span>" for j, (t, a) in enumerate(zip(c["tokens"],
+                                                                                               c["activations"])))
+    return (f"<div class='context' data-activation='{c['activation']!r}'><span class='act'>{c['activation']:.3f}"
+            f"</span><span class='text'>{toks}</span></div>")
+
+
+def feature_page(data: dict, page: dict, index: str = "") -> str:
+    """One feature's page as a string: page is one of feature_data(...)["features"]; index: a link back."""
+    f = page["feature"]
+    title = f"feature {f} of {data['site']}"
+    top = max((c["activation"] for c in page["contexts"]), default=0.0)
+    parts = ["<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>",
+             f"<title>{escape(title)}</title><style>{STYLE}{FEATURE_STYLE}</style></head><body>",
+             f"<h1>{escape(title)}</h1>"]
+    if index:
+        parts.append(f"<p><a href='{escape(index, quote=True)}'>all features</a></p>")
+    parts.append(f"<p>{escape(data['model'])}, a {data['d_sae']:,}-feature {escape(data['activation'])} dictionary. "
+                 f"Density: fires on <b id='density' data-value='{page['density']!r}'>{page['density']:.3%}</b> "
+                 f"of {data['tokens']:,} tokens of {escape(data['corpus'] or 'the corpus')}.</p>")
+    parts.append("<h2>Top contexts</h2><p class='note'>Where the feature fires hardest; each token shaded by the "
+                 "feature's activation on it (white 0, orange the largest here), the token it fires hardest on "
+                 "outlined. Hover a token for its activation.</p>")
+    parts += [_context(c, top) for c in page["contexts"]] or ["<p>It never fires on this text.</p>"]
+    if "promoted" in page:
+        parts.append("<div class='row-flex'><div><h2>Logit effects</h2><p class='note'>Its decoder row through the "
+                     "final norm's gain and the unembedding: the logits it adds to and takes from.</p>"
+                     f"<h3>promotes</h3>{_bars(page['promoted'], 'promoted')}"
+                     f"<h3>suppresses</h3>{_bars(page['suppressed'], 'suppressed')}</div>")
+        parts.append(f"<div><h2>Logit lens</h2><p class='note'>Its direction read by the {escape(data['lens'])} as "
+                     f"the stream after {escape(data['depth'])} is read: the most likely tokens.</p>"
+                     f"{_bars(page['lens'], 'lens', 4)}</div></div>")
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+def feature_file(f: int) -> str:
+    return f"feature-{f}.html"
+
+
+def _code(token: str) -> str:
+    return f"<code>{escape(shown(token))}</code>"
+
+
+def features_index(data: dict, folder: str) -> str:
+    """The explorer page's section that lists the feature pages (in `folder`, relative to the page)."""
+    rows = []
+    for page in data["features"]:
+        f, ctx = page["feature"], page["contexts"]
+        fires_on = _code(ctx[0]["tokens"][ctx[0]["at"]]) if ctx else ""
+        promotes = " ".join(_code(t) for t, _ in page.get("promoted", [])[:5])
+        rows.append(f"<tr data-feature='{f}'><td><a href='{escape(folder, quote=True)}/{feature_file(f)}'>feature {f}"
+                    f"</a></td><td>{page['density']:.3%}</td><td>{fires_on}</td><td>{promotes}</td></tr>")
+    return (f"<h2>Features of {escape(data['site'])}</h2><p class='note'>{len(rows)} of the dictionary's "
+            f"{data['d_sae']:,} features, each on a page of its own: density over {data['tokens']:,} tokens, the "
+            "token of its top context, the tokens it promotes.</p><table class='features' id='features'><tr>"
+            "<th>feature</th><th>density</th><th>fires hardest on</th><th>promotes</th></tr>" + "".join(rows)
+            + "</table>")
