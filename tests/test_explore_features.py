@@ -18,7 +18,7 @@ from lumen.features.pages import feature_data
 from lumen.inspect import run_with_cache
 from lumen.inspect.neurons import shifted_tokens
 from lumen.report.explore import feature_page, features_index, shade
-from lumen.report.figures import visible
+from lumen.tokenizers.shown import shown as cell
 
 
 def basis_dictionary(site: str, d: int) -> SAE:
@@ -88,12 +88,12 @@ def test_a_feature_pages_numbers_are_the_tools_numbers(subject):
         shifts = shifted_tokens(tok, feature_logits(model, sae, f), 5)
         for kind in ("promoted", "suppressed"):
             bars = shown.found[f"bar-row {kind}"]
-            assert [b["data-token"] for b in bars] == [visible(t) for t, _ in shifts[kind]]
+            assert [b["data-token"] for b in bars] == [cell(t) for t, _ in shifts[kind]]
             assert [float(b["data-value"]) for b in bars] == pytest.approx([v for _, v in shifts[kind]], rel=1e-6)
         probs = feature_lens(model, sae, f).softmax(-1)
         lens = shown.found["bar-row lens"]
         assert [float(b["data-value"]) for b in lens] == pytest.approx(probs.topk(5).values.tolist(), rel=1e-6)
-        assert [b["data-token"] for b in lens] == [visible(tok.decode([int(i)])) for i in probs.topk(5).indices]
+        assert [b["data-token"] for b in lens] == [cell(tok.decode([int(i)])) for i in probs.topk(5).indices]
         assert shown.links == ["../page.html"]
     # the top N by density, those that fire only
     top = feature_data(model, tok, sae, windows, top=5, k=2)
