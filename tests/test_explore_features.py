@@ -11,26 +11,15 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
+from helpers.features import basis_dictionary
 from helpers.models import peaked_tiny_model
 from helpers.runs import TEXT, peaked_run
-from lumen.features import SAE, ReLU, density, feature_lens, feature_logits, save_saelens
+from lumen.features import density, feature_lens, feature_logits, save_saelens
 from lumen.features.pages import feature_data
 from lumen.inspect import run_with_cache
 from lumen.inspect.neurons import shifted_tokens
 from lumen.report.explore import feature_page, features_index, shade
 from lumen.tokenizers.shown import shown as cell
-
-
-def basis_dictionary(site: str, d: int) -> SAE:
-    """Feature j is relu(x_j), feature d + j is relu(-x_j): each feature's activation is a coordinate of the stream."""
-    sae = SAE(d, 2 * d, ReLU(), site, apply_b_dec_to_input=False)
-    with torch.no_grad():
-        eye = torch.eye(d)
-        sae.W_enc.copy_(torch.cat([eye, -eye], dim=1))
-        sae.W_dec.copy_(torch.cat([eye, -eye], dim=0))
-        sae.b_enc.zero_()
-        sae.b_dec.zero_()
-    return sae
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from helpers.features import basis_dictionary
 from lumen import GPT, ModelConfig
 from lumen.errors import ModelFileError, UserError
 from lumen.features import (
@@ -230,17 +231,6 @@ def tiny(activation: str = "gelu") -> GPT:
 
 IDX = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
 
-
-def basis_dictionary(site: str, d: int = 8) -> SAE:
-    """Features that are the stream's own basis, both signs: x = relu(x) - relu(-x) exactly."""
-    sae = SAE(d, 2 * d, ReLU(), site, apply_b_dec_to_input=False)
-    with torch.no_grad():
-        eye = torch.eye(d)
-        sae.W_enc.copy_(torch.cat([eye, -eye], dim=1))
-        sae.W_dec.copy_(torch.cat([eye, -eye], dim=0))
-        sae.b_enc.zero_()
-        sae.b_dec.zero_()
-    return sae
 
 
 def test_the_streams_own_basis_reconstructs_it_and_its_features_are_the_stream():

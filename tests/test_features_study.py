@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 import torch
 
-from lumen import GPT, ModelConfig
+from helpers.features import basis_dictionary, tiny
 from lumen.errors import UserError
-from lumen.features import SAE, ReLU, feature_attribution, patch_feature, spliced
+from lumen.features import SAE, feature_attribution, patch_feature, spliced
 from lumen.features.study import (
     CLASSES,
     Pair,
@@ -31,20 +31,6 @@ from lumen.tokenizers import CharTokenizer
 D = 8
 
 
-def tiny() -> GPT:
-    torch.manual_seed(0)
-    return GPT(ModelConfig(vocab_size=40, context=16, d_model=D, n_layers=2, n_heads=2)).eval()
-
-
-def basis_dictionary(site: str) -> SAE:
-    sae = SAE(D, 2 * D, ReLU(), site, apply_b_dec_to_input=False)
-    with torch.no_grad():
-        eye = torch.eye(D)
-        sae.W_enc.copy_(torch.cat([eye, -eye], dim=1))
-        sae.W_dec.copy_(torch.cat([eye, -eye], dim=0))
-        sae.b_enc.zero_()
-        sae.b_dec.zero_()
-    return sae
 
 
 @pytest.mark.parametrize("text, cls", [

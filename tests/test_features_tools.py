@@ -9,30 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumen import GPT, ModelConfig
+from helpers.features import basis_dictionary, tiny
+from lumen import GPT
 from lumen.errors import UserError
-from lumen.features import SAE, ReLU, density, feature_lens, scan, top_contexts
+from lumen.features import density, feature_lens, scan, top_contexts
 from lumen.inspect import TunedLens, run_with_cache
 from lumen.tokenizers import CharTokenizer
 
 D = 8
 
 
-def tiny() -> GPT:
-    torch.manual_seed(0)
-    return GPT(ModelConfig(vocab_size=40, context=16, d_model=D, n_layers=2, n_heads=2)).eval()
-
-
-def basis_dictionary(site: str) -> SAE:
-    """Features that are the stream's own basis, both signs: x = relu(x) - relu(-x) exactly."""
-    sae = SAE(D, 2 * D, ReLU(), site, apply_b_dec_to_input=False)
-    with torch.no_grad():
-        eye = torch.eye(D)
-        sae.W_enc.copy_(torch.cat([eye, -eye], dim=1))
-        sae.W_dec.copy_(torch.cat([eye, -eye], dim=0))
-        sae.b_enc.zero_()
-        sae.b_dec.zero_()
-    return sae
 
 
 TOK = CharTokenizer([chr(ord("a") + i) for i in range(40)])

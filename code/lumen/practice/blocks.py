@@ -19,6 +19,14 @@ from .probes import differs, expect_close, part, randn, randomise, tensor
 
 PARTS = ("ln1", "attn", "ln2", "mlp")
 
+# a block whose output changes from call to call in evaluation mode: the pre-LN, post-LN and sandwich exercises
+BLOCK_DROPOUT = Hint(
+    "your block's output in evaluation mode: is it the same at every call?",
+    "Dropout zeros a random 10% of activations during training and scales the rest by 1/0.9; at inference"
+    " it is switched off.",
+    "Dropout belongs to training: nn.Dropout is the identity after .eval(); do not apply your own "
+    "dropout unconditionally.")
+
 
 class _Part(nn.Module):
     """One of the learner's parts, called as lumen's block calls it (attention also gets mask and cache)."""
@@ -206,12 +214,7 @@ your own: the checks run lumen's TransformerBlock with your parts in it and comp
             "what each norm is applied to: the branch's input, or its output.",
             "pre-LN: x + f(LN(x)): normalise what the branch reads, add what it writes unchanged.",
             "The norm goes on the branch's input, x + f(LN(x)), not on its output."),
-        "dropout": Hint(
-            "your block's output in evaluation mode: is it the same at every call?",
-            "Dropout zeros a random 10% of activations during training and scales the rest by 1/0.9; at inference"
-            " it is switched off.",
-            "Dropout belongs to training: nn.Dropout is the identity after .eval(); do not apply your own "
-                   "dropout unconditionally."),
+        "dropout": BLOCK_DROPOUT,
     },
     solution=("lumen.block.TransformerBlock.forward",),
 )
@@ -253,11 +256,7 @@ Parts: ln1, attn, ln2, mlp (lumen's LayerNorm, MultiHeadAttention and MLP, or yo
             "what goes into each norm: the line with attention, and the line with the MLP.",
             "post-LN: x = LN1(x + Attn(x)), then x = LN2(x + MLP(x)): each norm takes the stream plus the branch.",
             "Add the branch to the stream before normalising: LN(x + f(x)), never LN(f(x)) (the residual highway)."),
-        "dropout": Hint(
-            "your block's output in evaluation mode: is it the same at every call?",
-            "Dropout zeros a random 10% of activations during training and scales the rest by 1/0.9; at inference"
-            " it is switched off.",
-            "Dropout belongs to training: nn.Dropout is the identity after .eval()."),
+        "dropout": BLOCK_DROPOUT,
     },
     solution=("lumen.block.PostLNBlock.forward",),
 )

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from ..block import BranchOutputNormBlock, SandwichBlock, TransformerBlock
-from .blocks import _Part
+from .blocks import BLOCK_DROPOUT, _Part
 from .exercise import Check, Context, Exercise, Hint, Mistake, Spec
 from .probes import differs, expect_close, part, randn, randomise, tensor
 
@@ -165,12 +165,7 @@ class SandwichBlock(nn.Module):
             "x = x + LN1_post(Attn(LN1(x))); x = x + LN2_post(MLP(LN2(x))): the plain norm on what the branch "
             "reads, the _post one on what it writes.",
             "ln1 and ln2 normalise what the branch reads; ln1_post and ln2_post normalise what it writes."),
-        "dropout": Hint(
-            "your block's output in evaluation mode: is it the same at every call?",
-            "Dropout zeros a random 10% of activations during training and scales the rest by 1/0.9; at inference"
-            " it is switched off.",
-            "Dropout belongs to training: nn.Dropout is the identity after .eval(); do not apply your own "
-                   "dropout unconditionally."),
+        "dropout": BLOCK_DROPOUT,
     },
     solution=("lumen.block.SandwichBlock.forward", "lumen.block.TransformerBlock.from_config"),
 )
