@@ -476,7 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     about = (f"Model `{args.model}`, dictionary `{args.sae}`{': ' + args.note if args.note else ''}. Its quality on "
              f"{q.tokens:,} held-out tokens of {args.corpus}: fraction of variance unexplained {q.fvu:.3f}, L0 "
-             f"{q.l0:.1f}, dead {_pct(q.dead)}, next-token loss recovered {_pct(q.ce_recovered)} "
+             f"{q.l0:.1f}, silent on these tokens {_pct(q.dead)} "
+             "(dead on training-scale text: docs/speed.md's record), "
+             f"next-token loss recovered {_pct(q.ce_recovered)} "
              "(`lumen features`, each window's first token left out). "
              f"Text: {args.windows} windows of {args.seq_len} tokens of {args.corpus} (seed {args.seed}). Machine: "
              f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, load "
