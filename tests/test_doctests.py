@@ -56,6 +56,7 @@ NOT_RUN = {
     "lumen.fetch": "a download",
     "lumen.features.quality": "a model and a dictionary worth measuring",
     "lumen.features.saelens": "a SAELens folder",
+    "lumen.features.train": "a model and minutes of training (tests/test_features_train.py trains tiny ones)",
     "lumen.features.splice": "a model and a dictionary (tests/test_features.py splices known ones)",
     "lumen.features.tools": "a model and a dictionary (tests/test_features.py has known answers)",
     "lumen.files": "writes into the working directory",

@@ -5,6 +5,7 @@ delete-layer`, LUMEN_PROGRESS=always as in a log) shows the estimate."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -92,6 +93,10 @@ def test_delete_layer_shows_its_estimate(tmp_path, monkeypatch, capsys):
     """The real command, its bar drawn into a log: one pass intact and one per block, each with the estimate."""
     root = tiny_run(tmp_path)
     monkeypatch.setenv("LUMEN_PROGRESS", "always")
+    # tqdm redraws at most every 0.1 s: on a fast machine the tiny model's passes would all fall between two
+    # redraws, so its clock ticks half a second at each reading
+    ticks = itertools.count(1000.0, 0.5)
+    monkeypatch.setattr(tqdm.std, "time", lambda: next(ticks))
     assert main(["delete-layer", str(root / "run"), "--corpus", str(root / "corpus"), "--windows", "1",
                  "--seq-len", "16"]) == 0
     drawn = capsys.readouterr().err
