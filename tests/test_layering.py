@@ -32,7 +32,7 @@ ALLOWED = {
     "train": {"tokenizers", "data", "formats", RUNTIME},
     "inspect": {"tokenizers", "data", "evaluate", "formats", "prompts"},
     "practice": {"tokenizers", "data", "evaluate", "formats", "fetch", "inspect"},
-    "features": {"tokenizers", "data", "formats", "inspect", "train"},   # train: the one training loop
+    "features": {"tokenizers", "data", "formats", "inspect", "prompts", "train"},   # train: the one training loop
     "experiments": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "prompts",
                     "features", RUNTIME},
     "cli": {"tokenizers", "data", "formats", "fetch", "evaluate", "train", "inspect", "report", "experiments",

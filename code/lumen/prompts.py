@@ -39,6 +39,22 @@ PROMPT_FIELDS = ("prompt", "answer", "wrong")
 PAIR_FIELDS = ("clean", "corrupt", "answer", "wrong")
 
 
+# the indirect-object task (Wang et al. 2022): "When {A} and {B} went to the store, {S} gave a drink to" asks for
+# the name that is not the subject's; experiments/ioi.py builds its dataset from these, features/study.py its pairs
+IOI_TEMPLATES = (
+    "When {A} and {B} went to the store, {S} gave a drink to",
+    "When {A} and {B} went to the park, {S} gave a ball to",
+    "After {A} and {B} went to the office, {S} gave a letter to",
+    "Then, {A} and {B} had a long argument, and afterwards {S} said to",
+    "While {A} and {B} were working at the school, {S} handed a book to",
+    "The day {A} and {B} went to the beach, {S} threw a towel to",
+    "Friends {A} and {B} found a bag at the station. {S} gave it to",
+    "Once {A} and {B} got to the party, {S} passed a cake to",
+)
+IOI_NAMES = ("Mary", "John", "Tom", "James", "Sarah", "Paul", "Mark", "Anna", "Kate", "Lisa", "Mike", "Emma", "David",
+             "Alice", "Peter", "Laura", "Chris", "Jane", "Adam", "Susan")
+
+
 @dataclass(frozen=True)
 class Prompt:
     """One line of a prompt file, tokenized: a prompt (for patch, a clean prompt and its corrupted twin)

@@ -41,6 +41,8 @@ from ..inspect import (
 from ..inspect.attribution_patching import correlation
 from ..inspect.patching import Patching, PatchingSet
 from ..model import GPT
+from ..prompts import IOI_NAMES as NAMES
+from ..prompts import IOI_TEMPLATES as TEMPLATES
 from ..tokenizers import Batch, Tokenizer, single_token
 from ..tokenizers.shown import quoted
 from .result import Result, Table, figure
@@ -52,18 +54,6 @@ CLAIM = ("Attention heads copy facts from other positions' memories into this on
          "copy the right name of two into the last position.")
 
 # {A} and {B}: the two names in the order they are introduced; {S}: the subject's second mention
-TEMPLATES = (
-    "When {A} and {B} went to the store, {S} gave a drink to",
-    "When {A} and {B} went to the park, {S} gave a ball to",
-    "After {A} and {B} went to the office, {S} gave a letter to",
-    "Then, {A} and {B} had a long argument, and afterwards {S} said to",
-    "While {A} and {B} were working at the school, {S} handed a book to",
-    "The day {A} and {B} went to the beach, {S} threw a towel to",
-    "Friends {A} and {B} found a bag at the station. {S} gave it to",
-    "Once {A} and {B} got to the party, {S} passed a cake to",
-)
-NAMES = ("Mary", "John", "Tom", "James", "Sarah", "Paul", "Mark", "Anna", "Kate", "Lisa", "Mike", "Emma", "David",
-         "Alice", "Peter", "Laura", "Chris", "Jane", "Adam", "Susan")
 ROLES = ("IO", "S1", "S2", "END")   # the indirect object, the subject's two mentions, the last token
 CORRUPTIONS = {"S2": "S2 -> IO", "ABC": "all names replaced"}
 

@@ -35,6 +35,7 @@ import torch
 from .. import names
 from ..errors import LumenError, UserError
 from ..model import GPT
+from ..prompts import IOI_NAMES, IOI_TEMPLATES
 from ..tokenizers import Tokenizer
 from .dictionary import SAE, TopK
 from .splice import FEATURES, spliced
@@ -174,18 +175,12 @@ class Pair:
         return logits[0, -1, self.answer] - logits[0, -1, self.wrong]
 
 
-IOI_TEMPLATES = ("When{a} and{b} went to the store,{s} gave a drink to", "After{a} and{b} went to the park,{s} gave a "
-                 "ball to", "Then,{a} and{b} had a long argument, and afterwards{s} said to",
-                 "While{a} and{b} were working at the school,{s} handed a book to")
-IOI_NAMES = (" Mary", " John", " Tom", " James", " Sarah", " Paul", " Anna", " Kate", " Lisa", " David")
-
-
 def ioi_pairs(tokenizer: Tokenizer, n: int = 16, seed: int = 0) -> list[Pair]:
     """n IOI pairs (Wang et al. 2022): "When Mary and John went to the store, John gave a drink to" (answer " Mary",
     wrong " John"), corrupted by giving the subject's second mention to the other name; half with the indirect object
     named first. Names that are not one token of this tokenizer are left out."""
     gen = torch.Generator().manual_seed(seed)
-    single = [m for m in IOI_NAMES if len(tokenizer.encode(m)) == 1]
+    single = [m for m in IOI_NAMES if len(tokenizer.encode(" " + m)) == 1]
     if len(single) < 2:
         raise UserError("the IOI prompts need names that are one token each; this tokenizer splits them")
     found = []
@@ -193,8 +188,8 @@ def ioi_pairs(tokenizer: Tokenizer, n: int = 16, seed: int = 0) -> list[Pair]:
         io, s = (single[j] for j in torch.randperm(len(single), generator=gen)[:2].tolist())
         a, b = (io, s) if i % 2 == 0 else (s, io)
         t = IOI_TEMPLATES[(i // 2) % len(IOI_TEMPLATES)]
-        found.append(Pair(tokenizer.encode(t.format(a=a, b=b, s=s)), tokenizer.encode(t.format(a=a, b=b, s=io)),
-                          tokenizer.encode(io)[0], tokenizer.encode(s)[0]))
+        found.append(Pair(tokenizer.encode(t.format(A=a, B=b, S=s)), tokenizer.encode(t.format(A=a, B=b, S=io)),
+                          tokenizer.encode(" " + io)[0], tokenizer.encode(" " + s)[0]))
     return found
 
 
