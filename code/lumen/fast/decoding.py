@@ -6,12 +6,14 @@
 Inside `decoding`, and only there, the model's nn.Linear layers are FastLinear ones holding the same
 parameters (packing.py): compiled, a one-token step's products become fused loops over the weights; eager,
 the weights live in oneDNN's packed layout. A GGUF's blocks that multiply the same row (q, k and v; gate and
-up) are multiplied as one stack (quant.py's SharedRow). A single query attends without copying the cache's keys for
-each query head (attention.py). Each step's thread count is measured as the tokens come
-(lumen.runtime.threads: a busy machine is the normal case). On leaving, the model is the plain model again, the
+up) are multiplied as one stack (quant.py's SharedRow), and a prompt's rows are each rounded to 8 bits as a
+decoded token's row is, and multiplied by byte products (quant.py's `rounded_prompts`: llama.cpp's
+arithmetic). A single query attends without copying the cache's keys for each query head (attention.py).
+Each step's thread count is measured as the tokens come (lumen.runtime.threads: a busy machine is the normal
+case). On leaving, the model is the plain model again, the
 same parameters, bit for bit. The tokens are chosen exactly as lumen.decode chooses them (the same
 `Sampling`, the model's own defaults included); only their speed differs, and the numbers to float32
-rounding.
+rounding (a GGUF's prompt: to the rounding of its rows to 8 bits, as its decoded tokens are).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from .attention import one_query_attention
 from .changes import Changes
 from .options import DECODE_OPTIONS
 from .packing import fast_linears, packed
-from .quant import share_rows
+from .quant import rounded_prompts, share_rows
 
 SLOTS = 256  # a compiled step's KV cache is a multiple of this: decoding runs of nearby lengths share one graph
 
@@ -104,6 +106,7 @@ def decoding(model: GPT, compile: bool | str = False) -> Iterator[Decoder]:
                 kernels.load()  # the wing's C++ library: a compiled step's attention reads only the slots it sees
         fast_linears(model, changes)
         share_rows(model, changes)
+        rounded_prompts(model, changes)
         one_query_attention(model, changes)
         if not compile:
             changes.enter_context(packed(model))  # eager: oneDNN's layout

@@ -1,8 +1,9 @@
 """The speed wing's kernels: the C++ library it builds and loads, and every op it gives torch (`lumen::`).
 
-One library holds the CPU kernels of three ops: a decoded token's product with a GGUF matrix kept in quads
-(`lumen::q4_1_row`, `lumen::q8_0_row`: quant.cpp over quads.h's arithmetic; quant.py's QuantMatrix calls them)
-and one query's attention over the slots it may see (`lumen::attend_one`: attend.cpp over attend.h; attention.py's
+One library holds the CPU kernels of three kinds of op: a decoded token's product with a GGUF matrix kept in
+quads (`lumen::q4_1_row`, `lumen::q8_0_row`: quant.cpp over quads.h's arithmetic; quant.py's QuantMatrix calls
+them), a prompt's, each row rounded as a token's (`lumen::q4_1_rows`, `lumen::q8_0_rows`), and one query's
+attention over the slots it may see (`lumen::attend_one`: attend.cpp over attend.h; attention.py's
 OneQueryAttention calls it). Their schemas and shapes are defined here, so a graph traces them whether or not
 the library is loaded; `load()` builds it the first time on a machine (torch.utils.cpp_extension, ~30 s), into
 the lumen cache, and later processes only load it. Where it does not build, the callers compute the same
@@ -37,6 +38,13 @@ for _kind in ("q4_1", "q8_0"):
     def _(x: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
         return x.new_empty(ROWS * quads.shape[0])
 
+    # the same for many float32 rows x (m, in), each rounded as one row is: (m, 4 * quads)
+    torch.library.define(f"lumen::{_kind}_rows", "(Tensor x, Tensor quads) -> Tensor")
+
+    @torch.library.register_fake(f"lumen::{_kind}_rows")
+    def _(x: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], ROWS * quads.shape[0])
+
 
 # one query (B, h, 1, hd) against a cache's keys and values (B, h_kv, S, hd), over the slots allowed (1, S)
 torch.library.define("lumen::attend_one", "(Tensor q, Tensor k, Tensor v, Tensor allowed) -> Tensor")
@@ -50,6 +58,13 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) 
 def row_product(x: torch.Tensor, quads: torch.Tensor, kind: str) -> torch.Tensor:
     """quant.cpp's x @ w.T for one float32 row x (in,) and a Q4_1 or Q8_0 matrix in quads: (4 * quads,)."""
     product = torch.ops.lumen.q4_1_row if kind == "Q4_1" else torch.ops.lumen.q8_0_row
+    return product(x, quads)
+
+
+def rows_product(x: torch.Tensor, quads: torch.Tensor, kind: str) -> torch.Tensor:
+    """quant.cpp's x @ w.T for float32 rows x (m, in), each row's numbers those `row_product` gives it alone:
+    (m, 4 * quads)."""
+    product = torch.ops.lumen.q4_1_rows if kind == "Q4_1" else torch.ops.lumen.q8_0_rows
     return product(x, quads)
 
 

@@ -168,61 +168,92 @@ inline void store4(__m512 acc, float* y) {
   _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
 }
 
-// One quad of Q4_1 rows, a group (k blocks: 64 k bytes of codes, 4 k scales, 4 k minima) at a time
-inline void q4_1_quad(const uint8_t* p, int64_t nb, const QuadRow& x, float* y) {
+// T rows of x against one quad of Q4_1 rows (y[t]: row t's four outputs), a group (k blocks: 64 k bytes of
+// codes, 4 k scales, 4 k minima) at a time: the group's codes split into their halves once, then met by each
+// row in turn. Each row's sums are added in the same order whatever T is: a prompt's row gets the numbers a
+// decoded token's does (T = 1), bit for bit.
+template <int T>
+inline void q4_1_quads(const uint8_t* p, int64_t nb, const QuadRow* const* x, float* const* y) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  __m512 acc = _mm512_setzero_ps(), low = _mm512_setzero_ps();
+  __m512 acc[T], low[T];
+  for (int t = 0; t < T; ++t) acc[t] = low[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b += GROUP) {
     const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 16 * k;
     const __mmask64 bytes = k == GROUP ? ~0ULL : (1ULL << row) - 1;
     const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * k)) - 1);
     for (int64_t a = 0; a < 80 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
-    const __m512i xl = _mm512_loadu_si512(x.low.data() + b * 16), xh = _mm512_loadu_si512(x.high.data() + b * 16);
-    __m512i t[ROWS];
+    __m512i lo[ROWS], hi[ROWS];  // numbers 0-15 of each block, and 16-31
     for (int r = 0; r < ROWS; ++r) {
       const __m512i v = _mm512_maskz_loadu_epi8(bytes, p + r * row);
-      t[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, nibble), xl);
-      t[r] = _mm512_dpbusd_epi32(t[r], _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), xh);
+      lo[r] = _mm512_and_si512(v, nibble);
+      hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, p + ROWS * row));
     const __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, p + ROWS * row + 8 * k));
-    const __m512 sums = _mm512_cvtepi32_ps(per_block(t[0], t[1], t[2], t[3]));
-    acc = _mm512_fmadd_ps(sums, _mm512_mul_ps(d, _mm512_loadu_ps(x.step4.data() + b * 4)), acc);
-    low = _mm512_fmadd_ps(m, _mm512_loadu_ps(x.sum4.data() + b * 4), low);  // the minima times x's sums
+    for (int t = 0; t < T; ++t) {
+      const __m512i xl = _mm512_loadu_si512(x[t]->low.data() + b * 16), xh = _mm512_loadu_si512(x[t]->high.data() + b * 16);
+      __m512i s[ROWS];
+      for (int r = 0; r < ROWS; ++r)
+        s[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xl), hi[r], xh);
+      const __m512 sums = _mm512_cvtepi32_ps(per_block(s[0], s[1], s[2], s[3]));
+      acc[t] = _mm512_fmadd_ps(sums, _mm512_mul_ps(d, _mm512_loadu_ps(x[t]->step4.data() + b * 4)), acc[t]);
+      low[t] = _mm512_fmadd_ps(m, _mm512_loadu_ps(x[t]->sum4.data() + b * 4), low[t]);  // the minima times x's sums
+    }
     p += ROWS * row + 16 * k;
   }
-  store4(_mm512_add_ps(acc, low), y);
+  for (int t = 0; t < T; ++t) store4(_mm512_add_ps(acc[t], low[t]), y[t]);
 }
 
-// One quad of Q8_0 rows, a group (k blocks: 128 k bytes of codes, 4 k scales) at a time. A code q is read
-// as the unsigned q + 128 (the instruction multiplies unsigned by signed bytes): each block's sum then
-// holds 128 times x's integer sum too, taken off before scaling.
-inline void q8_0_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, float* y) {
+// T rows of x against one quad of Q8_0 rows, a group (k blocks: 128 k bytes of codes, 4 k scales) at a time.
+// A code q is read as the unsigned q + 128 (the instruction multiplies unsigned by signed bytes): each block's
+// sum then holds 128 times x's integer sum too, taken off before scaling. The group's codes are read once for
+// the T rows; each row's sums are added in the same order whatever T is.
+template <int T>
+inline void q8_0_quads(const uint8_t* p, int64_t nb, const QuadRow* const* x, const RoundedRow* const* r, float* const* y) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc = _mm512_setzero_ps();
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b += GROUP) {
     const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 32 * k;
     const __mmask64 first = k >= 2 ? ~0ULL : (1ULL << row) - 1;
     const __mmask64 second = k == GROUP ? ~0ULL : k <= 2 ? 0ULL : (1ULL << (row - 64)) - 1;
     const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * k)) - 1);
     for (int64_t a = 0; a < 136 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
-    const __m512i x0 = _mm512_loadu_si512(r.q.data() + b * BLOCK), x1 = _mm512_loadu_si512(r.q.data() + b * BLOCK + 64);
-    __m512i t[ROWS];
-    for (int i = 0; i < ROWS; ++i) {  // blocks 0-1 and 2-3 of the group: eight lanes a block
-      const __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                            _mm512_xor_si512(_mm512_maskz_loadu_epi8(first, p + i * row), flip), x0);
-      const __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                            _mm512_xor_si512(_mm512_maskz_loadu_epi8(second, p + i * row + 64), flip), x1);
-      // four lanes a block: block j's two 128-bit quarters added
-      t[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(a, c, 0x88), _mm512_shuffle_i32x4(a, c, 0xDD));
+    __m512i c0[ROWS], c1[ROWS];  // blocks 0-1 and 2-3 of the group, each row's
+    for (int i = 0; i < ROWS; ++i) {
+      c0[i] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(first, p + i * row), flip);
+      c1[i] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(second, p + i * row + 64), flip);
     }
-    const __m512i exact = _mm512_sub_epi32(per_block(t[0], t[1], t[2], t[3]),
-                                           _mm512_loadu_si512(x.offset4.data() + b * 4));
     const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, p + ROWS * row));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, _mm512_loadu_ps(x.step4.data() + b * 4)), acc);
+    for (int t = 0; t < T; ++t) {
+      const __m512i x0 = _mm512_loadu_si512(r[t]->q.data() + b * BLOCK), x1 = _mm512_loadu_si512(r[t]->q.data() + b * BLOCK + 64);
+      __m512i s[ROWS];
+      for (int i = 0; i < ROWS; ++i) {  // eight lanes a block, then four: block j's two 128-bit quarters added
+        const __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c0[i], x0);
+        const __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c1[i], x1);
+        s[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(a, c, 0x88), _mm512_shuffle_i32x4(a, c, 0xDD));
+      }
+      const __m512i exact = _mm512_sub_epi32(per_block(s[0], s[1], s[2], s[3]),
+                                             _mm512_loadu_si512(x[t]->offset4.data() + b * 4));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, _mm512_loadu_ps(x[t]->step4.data() + b * 4)), acc[t]);
+    }
     p += ROWS * row + 8 * k;
   }
-  store4(acc, y);
+  for (int t = 0; t < T; ++t) store4(acc[t], y[t]);
+}
+
+// a decoded token's row: a tile of one
+inline void q4_1_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow&, float* y) {
+  const QuadRow* xs[1] = {&x};
+  float* ys[1] = {y};
+  q4_1_quads<1>(p, nb, xs, ys);
+}
+
+inline void q8_0_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, float* y) {
+  const QuadRow* xs[1] = {&x};
+  const RoundedRow* rs[1] = {&r};
+  float* ys[1] = {y};
+  q8_0_quads<1>(p, nb, xs, rs, ys);
 }
 #elif defined(__x86_64__)
 // AVX2: four rows at a time, two blocks at a time, with 256-bit registers (as the AVX-512 path does four blocks
@@ -375,12 +406,48 @@ inline void q8_0_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const Roun
 
 // One quad's four outputs (y[0..3]) from its bytes p: Q4_1 or Q8_0
 inline void quad_product(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, bool q4_1, float* y) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-  if (q4_1) q4_1_quad(p, nb, x, y);
-#else
   if (q4_1) q4_1_quad(p, nb, x, r, y);
-#endif
   else q8_0_quad(p, nb, x, r, y);
+}
+
+// Many rows of x (a prompt), each rounded as a decoded token's row is (its RoundedRow and QuadRow)
+struct RoundedRows {
+  std::vector<RoundedRow> r;
+  std::vector<QuadRow> x;
+
+  RoundedRows(const float* xs, int64_t m, int64_t n) {
+    r.reserve(m);
+    x.reserve(m);
+    for (int64_t t = 0; t < m; ++t) {
+      r.emplace_back(xs + t * n, n);
+      x.emplace_back(r.back(), n / BLOCK);
+    }
+  }
+};
+
+// Rows [from, to) of a prompt against one quad (row t's four outputs at y + (t - from) * ystride): each row's
+// numbers are the ones `quad_product` gives it alone, bit for bit. With AVX-512, TILE rows at a time meet the
+// quad's codes unpacked once (a prompt's product is arithmetic, not memory: the quad stays in L1 while its
+// rows pass); elsewhere one row at a time.
+inline void quad_products(const uint8_t* p, int64_t nb, const RoundedRows& rows, int64_t from, int64_t to, bool q4_1,
+                          float* y, int64_t ystride) {
+  int64_t t = from;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  constexpr int TILE = 4;
+  for (; t + TILE <= to; t += TILE) {
+    const QuadRow* xs[TILE];
+    const RoundedRow* rs[TILE];
+    float* ys[TILE];
+    for (int i = 0; i < TILE; ++i) {
+      xs[i] = &rows.x[t + i];
+      rs[i] = &rows.r[t + i];
+      ys[i] = y + (t + i - from) * ystride;
+    }
+    if (q4_1) q4_1_quads<TILE>(p, nb, xs, ys);
+    else q8_0_quads<TILE>(p, nb, xs, rs, ys);
+  }
+#endif
+  for (; t < to; ++t) quad_product(p, nb, rows.x[t], rows.r[t], q4_1, y + (t - from) * ystride);
 }
 
 }  // namespace lumen_quads

@@ -1,6 +1,6 @@
-// lumen's block kernels for torch: x @ w.T for one float32 row x from a GGUF matrix's blocks kept in quads
-// (the arithmetic, and the instructions each CPU gets, are quads.h's; quant.py builds this file once per
-// machine, with -march=native).
+// lumen's block kernels for torch: x @ w.T for one float32 row x (a decoded token), or for many (a prompt, each
+// row rounded as a token's is), from a GGUF matrix's blocks kept in quads (the arithmetic, and the instructions
+// each CPU gets, are quads.h's; kernels.py builds this file once per machine, with -march=native).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
@@ -35,8 +35,38 @@ at::Tensor quads_row(const at::Tensor& x, const at::Tensor& packed, bool q4_1) {
   return y;
 }
 
+// A prompt's rows in stretches of this many: their 8-bit x (~3.6 bytes a number) stays in the core's cache
+// while every quad passes over it, and the matrix is read once a stretch
+constexpr int64_t STRETCH = 64;
+
+// Y (m x 4 quads) = X @ w.T for m float32 rows X, each row's numbers those `quads_row` gives it alone (the same
+// rounding of x, the same sums in the same order); the quads split between the threads, a stretch of rows at
+// a time
+at::Tensor quads_rows(const at::Tensor& x, const at::Tensor& packed, bool q4_1) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) % BLOCK == 0,
+              "x: contiguous float32 rows of whole blocks");
+  const int64_t m = x.size(0), n = x.size(1), nb = n / BLOCK, quads = packed.size(0);
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(), "quads: uint8 rows");
+  TORCH_CHECK(packed.size(1) == nb * ROWS * (q4_1 ? 20 : 34), "quads of ", packed.size(1), " bytes for x of ", n);
+  const RoundedRows rows(x.data_ptr<float>(), m, n);
+  at::Tensor y = at::empty({m, quads * ROWS}, x.options());
+  const uint8_t* P = packed.data_ptr<uint8_t>();
+  float* Y = y.data_ptr<float>();
+  const int64_t stride = packed.size(1), ystride = quads * ROWS;
+  for (int64_t from = 0; from < m; from += STRETCH) {
+    const int64_t to = std::min(m, from + STRETCH);
+    at::parallel_for(0, quads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        quad_products(P + i * stride, nb, rows, from, to, q4_1, Y + from * ystride + i * ROWS, ystride);
+    });
+  }
+  return y;
+}
+
 at::Tensor q4_1_row(const at::Tensor& x, const at::Tensor& packed) { return quads_row(x, packed, true); }
 at::Tensor q8_0_row(const at::Tensor& x, const at::Tensor& packed) { return quads_row(x, packed, false); }
+at::Tensor q4_1_rows(const at::Tensor& x, const at::Tensor& packed) { return quads_rows(x, packed, true); }
+at::Tensor q8_0_rows(const at::Tensor& x, const at::Tensor& packed) { return quads_rows(x, packed, false); }
 
 }  // namespace
 
@@ -44,6 +74,8 @@ at::Tensor q8_0_row(const at::Tensor& x, const at::Tensor& packed) { return quad
 TORCH_LIBRARY_IMPL(lumen, CPU, m) {
   m.impl("q4_1_row", &q4_1_row);
   m.impl("q8_0_row", &q8_0_row);
+  m.impl("q4_1_rows", &q4_1_rows);
+  m.impl("q8_0_rows", &q8_0_rows);
 }
 
 // The same kernels as C functions, the form an AOTInductor package calls directly (lumen/fast/aot.py), without

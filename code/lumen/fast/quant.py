@@ -15,7 +15,9 @@ A QuantMatrix keeps its blocks in quads (quads.py: the file's bytes in the order
 quant.cpp computes the product with the CPU's byte dot-product instructions (kernels.py builds it once per
 machine); `rounded_row_product` is the same formula in torch, its reference and its stand-in where it does not
 build. Many rows (a prompt, an evaluation, a lens) multiply the dequantized weights, a slab of rows at a time:
-those logits are the dequantized float32 model's (`lumen.formats.load`) to float32 rounding. QuantLinear and
+those logits are the dequantized float32 model's (`lumen.formats.load`) to float32 rounding; inside the speed
+wing's decoding, a prompt's rows are each rounded as a token's (`rounded_prompts`: llama.cpp's arithmetic, and
+its byte products' speed, for a prompt). QuantLinear and
 QuantEmbedding are a model's layers made of them (loading.py's `load_quantized` builds such a model);
 `share_rows` lets the matrices that multiply one row do it as one stack while decoding.
 
@@ -101,14 +103,22 @@ class QuantMatrix(nn.Module):
         return w.flatten(-2)
 
     def row_product(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ w.T for one row x (..., in), x rounded to 8 bits per block (see the module docstring):
-        quant.cpp's kernel on CPU where it is built, else `rounded_row_product`."""
+        """x @ w.T for rows x (..., in), each row rounded to 8 bits per block (see the module docstring), one
+        row (a decoded token) or many (the speed wing's prompt, `rounded_prompts`): quant.cpp's kernels on CPU
+        where they are built (a row of many gets the numbers it would get alone), else `rounded_row_product`."""
         out, n = self.shape
-        row = x.reshape(n).float().contiguous()
-        if kernels.loaded() and row.device.type == "cpu":
-            y = kernels.row_product(row, self.quads, self.kind)[:out]
+        if x.shape[:-1].numel() == 1:
+            row = x.reshape(n).float().contiguous()
+            if kernels.loaded() and row.device.type == "cpu":
+                y = kernels.row_product(row, self.quads, self.kind)[:out]
+            else:
+                y = self.rounded_row_product(row)
         else:
-            y = self.rounded_row_product(row)
+            rows = x.reshape(-1, n).float().contiguous()
+            if kernels.loaded() and rows.device.type == "cpu":
+                y = kernels.rows_product(rows, self.quads, self.kind)[:, :out]
+            else:
+                y = torch.stack([self.rounded_row_product(r) for r in rows])
         return y.reshape(*x.shape[:-1], out)
 
     def rounded_row_product(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,7 +146,12 @@ class QuantMatrix(nn.Module):
 
 
 class QuantLinear(nn.Module):
-    """A bias-free linear layer whose weight stays in the file's blocks."""
+    """A bias-free linear layer whose weight stays in the file's blocks. A decoded token's row is rounded to 8
+    bits per block (QuantMatrix.row_product); a prompt's many rows multiply the dequantized weights (the float32
+    model's numbers), or, with `rounded_prompt` (the speed wing's decoding), are each rounded as a token's row
+    is: llama.cpp's arithmetic for a prompt, the byte products' speed."""
+
+    rounded_prompt = False
 
     def __init__(self, blocks: QuantMatrix):
         super().__init__()
@@ -144,14 +159,27 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = blocks.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[:-1].numel() == 1:
-            return self.matrix.row_product(x).to(x.dtype)  # a decoded token: 8-bit x, integer products
+        if x.shape[:-1].numel() == 1 or self.rounded_prompt:
+            return self.matrix.row_product(x).to(x.dtype)  # 8-bit x, integer products
         # many rows: a slab of rows at a time, so that a 49k-row unembedding never stands whole in float32
         return torch.cat([F.linear(x, self.matrix.dequantized(slice(i, i + SLAB)).to(x.dtype))
                           for i in range(0, self.out_features, SLAB)], -1)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.matrix.kind} blocks of {BLOCK}"
+
+
+def rounded_prompts(model: nn.Module, changes: Changes) -> int:
+    """Every QuantLinear layer's prompt multiplied as its decoded tokens are, each row rounded to 8 bits per
+    block, by quant.cpp's byte products (recorded in `changes`, undone when they end); returns how many
+    layers. Only where the kernels are loaded and the layer is on the CPU: torch's formula for many rows
+    would be slower than the dequantized product it replaces."""
+    if not kernels.loaded():
+        return 0
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and m.matrix.quads.device.type == "cpu"]
+    for layer in layers:
+        changes.set(layer, "rounded_prompt", True)
+    return len(layers)
 
 
 class SharedRow(nn.Module):
