@@ -4,13 +4,15 @@ cache: llama-bench's `-d`), prefill (a 512-token prompt in one pass) and peak re
 
     .venv/bin/python bench/bench_llamacpp.py [--tokens 128] [--prompt 512] [--rounds 2] [--threads 1,2]
         [--depths 0,512] [--formats Q4_1,Q4_0,Q4_K_M] [--modes compiled,aot,eager,float] [--base COMMIT]
+        [--builds native,no-amx]
 
 llama.cpp is built natively from the source the llama-cpp-python sdist on PyPI carries (bench/llamacpp_native.py:
 cmake, -DGGML_NATIVE=ON, cached under ~/.cache/lumen/bench) and measured with its own `llama-bench` (tg, pp),
 on the GGUF lumen reads (Q4_1) and on the same model in llama.cpp's other formats (`--formats`: made from that
 file by llama.cpp's own llama-quantize), each with its weights repacked for this CPU (llama-bench's default; on
-an AMX machine its AMX kernels) and as the file lays them out (`--repack 0`): the goal is against the best of
-them, cell by cell (a run that fails, as the AMX kernels' prompts do on some VMs, leaves its cells empty).
+an AMX machine its AMX kernels) and as the file lays them out (`--repack 0`), by each build (`--builds`: on an
+AMX machine also one without AMX, whose repacked layouts are AVX-512's): the goal is against the best of them,
+cell by cell (a run that fails, as the AMX kernels' prompts do on some VMs, leaves its cells empty).
 Where it cannot be built (no compiler or cmake), npm's node-llama-cpp (prebuilt binaries) stands in, decoding
 only. Every contender runs in its own process and they take turns in every round: llama.cpp, lumen decoding
 from the file's own Q4_1/Q8_0 blocks (`--weights gguf`: torch.compile's step; the step compiled ahead of time
@@ -64,6 +66,7 @@ LUMEN = {  # contender: (weights, mode); --modes picks them by mode ("float": th
     "lumen float32, compiled": ("float", "compiled"),
 }
 BEST = "llama.cpp, best of its formats and layouts"  # the anchor row: the best llama.cpp cell by cell
+BUILT = {"native": "native", "no-amx": "native without AMX", "avx2": "built for AVX2 only"}  # (llamacpp_native.BUILDS)
 
 
 def node_llama(where: Path) -> Path | None:
@@ -193,18 +196,24 @@ def main() -> None:
     ap.add_argument("--depths", default="0,512", help="tokens in the cache before the timed ones (llama-bench's -d)")
     ap.add_argument("--formats", default="Q4_1,Q4_0,Q4_K_M", help="llama.cpp's formats (the first: the file's own)")
     ap.add_argument("--modes", default="compiled,aot,eager,float", help="lumen's contenders (LUMEN) by mode")
+    ap.add_argument("--builds", default=None, help="llama.cpp's builds (llamacpp_native.BUILDS; default: native, "
+                    "and no-amx on a CPU with AMX)")
     ap.add_argument("--base", default=None, help="a commit whose lumen AOT step runs too (before and after)")
     ap.add_argument("--keep", type=Path, default=None, help="install node-llama-cpp here and keep it (fallback)")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")] if args.threads else list(range(1, (os.cpu_count() or 1) + 1))
     args.depths = [int(d) for d in args.depths.split(",")]
     modes = args.modes.split(",")
+    from lumen.runtime import cpu
+
+    args.builds = args.builds or ("native,no-amx" if cpu.has("amx_int8") else "native")
 
     from lumen.fetch import fetch
 
     gguf = fetch("smollm2", quiet=True)
     with Record("llamacpp") as rec, tempfile.TemporaryDirectory() as tmp:
-        exe = llama_bench()
+        exes = {build: llama_bench(build=build) for build in args.builds.split(",")}
+        exe = exes.get("native") or next(iter(exes.values()))
         contenders: dict = {}
         if exe is not None:
             for fmt in args.formats.split(","):
@@ -212,9 +221,13 @@ def main() -> None:
                 if model is None:
                     print(f"bench: no llama-quantize here for {fmt}; left out", file=sys.stderr)
                     continue
-                for repack, layout in ((1, "repacked for this CPU"), (0, "the file's layout (--repack 0)")):
-                    name = f"llama.cpp native, {fmt}{' (the file lumen reads)' if model == gguf else ''}, {layout}"
-                    contenders[name] = lambda m=model, r=repack: llama_cpp_native(exe, m, threads, args, r)
+                for build, built in exes.items():
+                    if built is None:
+                        continue
+                    for repack, layout in ((1, "repacked for this CPU"), (0, "the file's layout (--repack 0)")):
+                        name = (f"llama.cpp {BUILT[build]}, {fmt}{' (the file lumen reads)' if model == gguf else ''}, "
+                                f"{layout}")
+                        contenders[name] = lambda e=built, m=model, r=repack: llama_cpp_native(e, m, threads, args, r)
             llamas = list(contenders)
         else:
             script = node_llama(args.keep or Path(tmp))

@@ -1,8 +1,11 @@
 """llama.cpp built for this CPU, for the benches: the source the llama-cpp-python sdist on PyPI carries (its
 vendor/llama.cpp), built with cmake and -DGGML_NATIVE=ON (every instruction this CPU has): `llama-bench`, and
-`llama-quantize` beside it for the other formats of the same model (`requantized`).
+`llama-quantize` beside it for the other formats of the same model (`requantized`). Two more builds (BUILDS):
+"no-amx", every instruction but AMX's (on a VM that reports AMX, llama.cpp's AMX kernels crashed on prompts, so
+its repacked layouts had no prompt or depth figures), and "avx2", AVX2 and FMA only: what llama.cpp runs on a
+CPU without AVX-512, for a side-by-side stand-in of such a machine on this one.
 
-    .venv/bin/python bench/llamacpp_native.py          # build it (once; a few minutes on 2 cores) and say where
+    .venv/bin/python bench/llamacpp_native.py [BUILD]  # build it (once; a few minutes on 2 cores) and say where
 
 Cached outside the repository, in lumen's cache folder (lumen.runtime.cache) under bench/ (~/.cache/lumen/bench),
 keyed by the sdist's version and this CPU's flags: a contender only, never a dependency of lumen. `llama_bench()`
@@ -36,11 +39,18 @@ def cpu_flags() -> str:
     return " ".join(sorted(cpu.machine_flags()))
 
 
-def llama_bench(quiet: bool = False, tool: str = "llama-bench") -> Path | None:
-    """The path of a native `llama-bench` (or another of its tools: `llama-quantize`), built the first time;
-    None (and why, on stderr) if it cannot be."""
+# build: cmake's flags for the CPU part (the Makefile's llama-cpp wheel is built as "no-amx" is)
+_X86 = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
+        "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+_AVX512 = ["-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON"]
+BUILDS = {"native": ["-DGGML_NATIVE=ON"], "no-amx": _X86 + _AVX512, "avx2": _X86 + ["-DGGML_AVX512=OFF"]}
+
+
+def llama_bench(quiet: bool = False, tool: str = "llama-bench", build: str = "native") -> Path | None:
+    """The path of a native `llama-bench` (or another of its tools: `llama-quantize`), built the first time for
+    `build` (BUILDS); None (and why, on stderr) if it cannot be."""
     key = hashlib.sha256((VERSION + cpu_flags()).encode()).hexdigest()[:12]
-    root = cache() / f"llama.cpp-{VERSION}-{key}"
+    root = cache() / f"llama.cpp-{VERSION}-{key}{'' if build == 'native' else '-' + build}"
     exe = root / "build" / "bin" / tool
     if exe.exists():
         return exe
@@ -63,10 +73,10 @@ def llama_bench(quiet: bool = False, tool: str = "llama-bench") -> Path | None:
                 for m in members:
                     m.name = m.name[len(prefix):]
                 tar.extractall(source, members=[m for m in members if m.name], filter="data")
-        print(f"bench: building llama.cpp {VERSION} (llama-cpp-python's source) for this CPU into {root}",
+        print(f"bench: building llama.cpp {VERSION} (llama-cpp-python's source) for this CPU ({build}) into {root}",
               file=sys.stderr)
         subprocess.run(["cmake", "-S", str(source), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                        "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                        *BUILDS[build], "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                         "-DLLAMA_BUILD_SERVER=OFF", "-DBUILD_SHARED_LIBS=OFF"], check=True, stdout=say)
         subprocess.run(["cmake", "--build", str(root / "build"), "--target", tool, "-j",
                         str(os.cpu_count() or 1)], check=True, stdout=say)
@@ -98,4 +108,4 @@ def requantized(gguf: Path, fmt: str) -> Path | None:
 
 
 if __name__ == "__main__":
-    print(llama_bench())
+    print(llama_bench(build=sys.argv[1] if len(sys.argv) > 1 else "native"))

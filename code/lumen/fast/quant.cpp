@@ -35,13 +35,13 @@ at::Tensor quads_row(const at::Tensor& x, const at::Tensor& packed, bool q4_1) {
   return y;
 }
 
-// A prompt's rows in stretches of this many: their 8-bit x (~3.6 bytes a number) stays in the core's cache
-// while every quad passes over it, and the matrix is read once a stretch
-constexpr int64_t STRETCH = 64;
+// A prompt's rows in stretches of this many: their 8-bit x (~2.5 bytes a number) stays in the core's L2 while
+// every weight passes over it, and the matrix is read once a stretch
+constexpr int64_t STRETCH = 256;
 
 // Y (m x 4 quads) = X @ w.T for m float32 rows X, each row's numbers those `quads_row` gives it alone (the same
-// rounding of x, the same sums in the same order); the quads split between the threads, a stretch of rows at
-// a time
+// rounding of x, the same sums in the same order); sixteen rows of w (four quads) at a time split between the
+// threads, a stretch of rows at a time
 at::Tensor quads_rows(const at::Tensor& x, const at::Tensor& packed, bool q4_1) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) % BLOCK == 0,
               "x: contiguous float32 rows of whole blocks");
@@ -52,12 +52,12 @@ at::Tensor quads_rows(const at::Tensor& x, const at::Tensor& packed, bool q4_1) 
   at::Tensor y = at::empty({m, quads * ROWS}, x.options());
   const uint8_t* P = packed.data_ptr<uint8_t>();
   float* Y = y.data_ptr<float>();
-  const int64_t stride = packed.size(1), ystride = quads * ROWS;
+  const int64_t stride = packed.size(1), ystride = quads * ROWS, panels = (quads + 3) / 4;
   for (int64_t from = 0; from < m; from += STRETCH) {
     const int64_t to = std::min(m, from + STRETCH);
-    at::parallel_for(0, quads, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        quad_products(P + i * stride, nb, rows, from, to, q4_1, Y + from * ystride + i * ROWS, ystride);
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      prompt_products(P, stride, nb, 4 * begin, std::min(quads, 4 * end), rows, from, to, q4_1, Y + from * ystride,
+                      ystride);
     });
   }
   return y;
