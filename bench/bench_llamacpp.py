@@ -67,6 +67,11 @@ LUMEN = {  # contender: (weights, mode); --modes picks them by mode ("float": th
 }
 BEST = "llama.cpp, best of its formats and layouts"  # the anchor row: the best llama.cpp cell by cell
 BUILT = {"native": "native", "no-amx": "native without AMX", "avx2": "built for AVX2 only"}  # (llamacpp_native.BUILDS)
+# --stand-in avx2: an AVX2-only CPU's code on this one, both engines built for it (llama.cpp's "avx2" build; lumen's
+# block kernels built with -march=x86-64-v3, torch's own products held to AVX2); what torch.compile generates
+# still follows this CPU
+STAND_IN_ENV = {"LUMEN_BENCH_CFLAGS": "-O3 -march=x86-64-v3 -fopenmp", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def node_llama(where: Path) -> Path | None:
@@ -123,7 +128,8 @@ def llama_cpp_node(script: Path, gguf: Path, threads: list[int], args: argparse.
 def lumen(weights: str, mode: str, threads: list[int], args: argparse.Namespace, code: Path = HERE.parent / "code",
           depths: list[int] | None = None) -> dict:
     """One lumen contender's run, in its own process, with lumen's code from `code` (this tree's, or --base's)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]),
+               **(STAND_IN_ENV if args.stand_in else {}))
     out, _ = run_peak([sys.executable, str(HERE / "lumen_decode.py"), weights, mode, ",".join(map(str, threads)),
                        str(args.tokens), str(args.prompt), ",".join(map(str, depths or args.depths))], env)
     result = json.loads(out.splitlines()[-1])
@@ -196,6 +202,8 @@ def main() -> None:
     ap.add_argument("--depths", default="0,512", help="tokens in the cache before the timed ones (llama-bench's -d)")
     ap.add_argument("--formats", default="Q4_1,Q4_0,Q4_K_M", help="llama.cpp's formats (the first: the file's own)")
     ap.add_argument("--modes", default="compiled,aot,eager,float", help="lumen's contenders (LUMEN) by mode")
+    ap.add_argument("--stand-in", choices=["avx2"], default=None, help="both engines built for an AVX2-only CPU "
+                    "(recorded as llamacpp_avx2: a stand-in measured on this machine, not such a machine)")
     ap.add_argument("--builds", default=None, help="llama.cpp's builds (llamacpp_native.BUILDS; default: native, "
                     "and no-amx on a CPU with AMX)")
     ap.add_argument("--base", default=None, help="a commit whose lumen AOT step runs too (before and after)")
@@ -206,12 +214,12 @@ def main() -> None:
     modes = args.modes.split(",")
     from lumen.runtime import cpu
 
-    args.builds = args.builds or ("native,no-amx" if cpu.has("amx_int8") else "native")
+    args.builds = args.stand_in or args.builds or ("native,no-amx" if cpu.has("amx_int8") else "native")
 
     from lumen.fetch import fetch
 
     gguf = fetch("smollm2", quiet=True)
-    with Record("llamacpp") as rec, tempfile.TemporaryDirectory() as tmp:
+    with Record("llamacpp_avx2" if args.stand_in else "llamacpp") as rec, tempfile.TemporaryDirectory() as tmp:
         exes = {build: llama_bench(build=build) for build in args.builds.split(",")}
         exe = exes.get("native") or next(iter(exes.values()))
         contenders: dict = {}

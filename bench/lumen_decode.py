@@ -12,6 +12,7 @@ pass (prefill tokens/s, eager: the door's products for many rows). Prints one JS
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import warnings
@@ -29,6 +30,10 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     import torch
 
+    if os.environ.get("LUMEN_BENCH_CFLAGS"):  # (bench_llamacpp --stand-in: the kernels built for another CPU)
+        from lumen.fast import kernels
+
+        kernels.CFLAGS = os.environ["LUMEN_BENCH_CFLAGS"].split()
     from lumen import decode, fast
     from lumen.decode import GREEDY
     from lumen.fast.decoding import frozen

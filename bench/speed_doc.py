@@ -270,9 +270,11 @@ def features(r: dict[str, Any]) -> str:
 
 
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
-    "llamacpp": llamacpp, "profile": profile, "smollm2": smollm2, "train": train, "contention": contention,
+    "llamacpp": llamacpp, "llamacpp_avx2": llamacpp,
+    "profile": profile, "smollm2": smollm2, "train": train, "contention": contention,
     "nanogpt": nanogpt, "speedrun": speedrun, "kernel_builds": kernel_builds, "features": features}
-SCRIPT = {"llamacpp": "bench_llamacpp.py", "profile": "profile_decode.py", "smollm2": "bench_smollm2.py",
+SCRIPT = {"llamacpp": "bench_llamacpp.py", "llamacpp_avx2": "bench_llamacpp.py --stand-in avx2",
+          "profile": "profile_decode.py", "smollm2": "bench_smollm2.py",
           "train": "bench_train.py", "contention": "bench_contention.py", "speedrun": "speedrun.py",
           "kernel_builds": "kernel_builds.py", "features": "features_record.py"}
 # what fills a section that never ran here

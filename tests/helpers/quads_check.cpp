@@ -4,7 +4,7 @@
 //
 //     problem: int64 q4_1 (1: Q4_1, 0: Q8_0), n (a row's numbers), quads, stride (a quad's bytes), m (rows);
 //              then x (m x n float32), then the quads (quads x stride bytes)
-//     y:       m x 4 quads float32, a prompt's product (quad_products); exit 5 where a row's numbers are not,
+//     y:       m x 4 quads float32, a prompt's product (prompt_products); exit 5 where a row's numbers are not,
 //              bit for bit, those the row gets alone (quad_product, a decoded token's)
 #include <cstdio>
 #include <cstring>
@@ -25,12 +25,11 @@ int main(int argc, char** argv) {
   if (std::fread(packed.data(), 1, quads * stride, in) != static_cast<size_t>(quads * stride)) return 3;
   std::fclose(in);
   const lumen_quads::RoundedRows rows(x.data(), m, n);
-  for (int64_t i = 0; i < quads; ++i) {
-    const uint8_t* p = packed.data() + i * stride;
-    lumen_quads::quad_products(p, nb, rows, 0, m, q4_1 != 0, y.data() + 4 * i, ystride);
+  lumen_quads::prompt_products(packed.data(), stride, nb, 0, quads, rows, 0, m, q4_1 != 0, y.data(), ystride);
+  for (int64_t i = 0; i < quads; ++i)
     for (int64_t t = 0; t < m; ++t)
-      lumen_quads::quad_product(p, nb, rows.x[t], rows.r[t], q4_1 != 0, alone.data() + t * ystride + 4 * i);
-  }
+      lumen_quads::quad_product(packed.data() + i * stride, nb, rows.x[t], rows.r[t], q4_1 != 0,
+                                alone.data() + t * ystride + 4 * i);
   if (std::memcmp(y.data(), alone.data(), y.size() * sizeof(float)) != 0) return 5;
   std::FILE* out = std::fopen(argv[2], "wb");
   if (!out || std::fwrite(y.data(), sizeof(float), y.size(), out) != y.size()) return 4;
