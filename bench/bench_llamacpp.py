@@ -256,7 +256,8 @@ def main() -> None:
                 contenders[label] = lambda w=weights, m=mode, c=code: lumen(w, m, threads, args, c)
                 if mode == "aot":  # its packages built once, unmeasured: the measured processes only load them
                     lumen(weights, mode, threads[:1], argparse.Namespace(tokens=args.tokens, prompt=16,
-                                                                         depths=args.depths), code)
+                                                                         depths=args.depths,
+                                                                         stand_in=args.stand_in), code)
         runs: dict[str, list[dict]] = {name: [] for name in contenders}
         streams: list[float] = []
         for r in range(args.rounds):
