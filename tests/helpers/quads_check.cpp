@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
   if (std::fread(x.data(), sizeof(float), m * n, in) != static_cast<size_t>(m * n)) return 3;
   if (std::fread(packed.data(), 1, quads * stride, in) != static_cast<size_t>(quads * stride)) return 3;
   std::fclose(in);
-  const lumen_quads::RoundedRows rows(x.data(), m, n);
+  lumen_quads::RoundedRows rows(m);
+  rows.round(x.data(), n, 0, m);
   lumen_quads::prompt_products(packed.data(), stride, nb, 0, quads, rows, 0, m, q4_1 != 0, y.data(), ystride);
   for (int64_t i = 0; i < quads; ++i)
     for (int64_t t = 0; t < m; ++t)

@@ -72,6 +72,7 @@ struct RoundedRow {
   std::vector<int8_t> q;
   std::vector<float> step, sum;
 
+  RoundedRow() = default;
   RoundedRow(const float* x, int64_t n) : q(n + 128), step(n / BLOCK), sum(n / BLOCK) {  // (q: zeros after, for a last group's loads)
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undo the packs' lane interleaving
@@ -105,6 +106,7 @@ struct RoundedRow {
   std::vector<int8_t> q;
   std::vector<float> step, sum;
 
+  RoundedRow() = default;
   RoundedRow(const float* x, int64_t n) : q(n + 128), step(n / BLOCK), sum(n / BLOCK) {  // (q: zeros after)
     for (int64_t b = 0; b < n / BLOCK; ++b) {
       const float* xb = x + b * BLOCK;
@@ -139,6 +141,7 @@ struct QuadRow {
   std::vector<float> step4, sum4;
   std::vector<int32_t> offset4;
 
+  QuadRow() = default;
   QuadRow(const RoundedRow& r, int64_t nb)
       : low(nb * 16 + 64), high(nb * 16 + 64), step4(nb * 4 + 16), sum4(nb * 4 + 16), offset4(nb * 4 + 16) {
     for (int64_t b = 0; b < nb; ++b) {
@@ -393,12 +396,13 @@ struct RoundedRows {
   std::vector<RoundedRow> r;
   std::vector<QuadRow> x;
 
-  RoundedRows(const float* xs, int64_t m, int64_t n) {
-    r.reserve(m);
-    x.reserve(m);
-    for (int64_t t = 0; t < m; ++t) {
-      r.emplace_back(xs + t * n, n);
-      x.emplace_back(r.back(), n / BLOCK);
+  explicit RoundedRows(int64_t m) : r(m), x(m) {}
+
+  // rows [begin, end) of xs (m rows of n): threads may round stretches of their own at once
+  void round(const float* xs, int64_t n, int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      r[t] = RoundedRow(xs + t * n, n);
+      x[t] = QuadRow(r[t], n / BLOCK);
     }
   }
 };

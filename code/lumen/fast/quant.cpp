@@ -48,7 +48,8 @@ at::Tensor quads_rows(const at::Tensor& x, const at::Tensor& packed, bool q4_1) 
   const int64_t m = x.size(0), n = x.size(1), nb = n / BLOCK, quads = packed.size(0);
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(), "quads: uint8 rows");
   TORCH_CHECK(packed.size(1) == nb * ROWS * (q4_1 ? 20 : 34), "quads of ", packed.size(1), " bytes for x of ", n);
-  const RoundedRows rows(x.data_ptr<float>(), m, n);
+  RoundedRows rows(m);
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) { rows.round(x.data_ptr<float>(), n, begin, end); });
   at::Tensor y = at::empty({m, quads * ROWS}, x.options());
   const uint8_t* P = packed.data_ptr<uint8_t>();
   float* Y = y.data_ptr<float>();
