@@ -33,7 +33,7 @@ def main() -> None:
     if os.environ.get("LUMEN_BENCH_CFLAGS"):  # (bench_llamacpp --stand-in: the kernels built for another CPU)
         from lumen.fast import kernels
 
-        kernels.CFLAGS = os.environ["LUMEN_BENCH_CFLAGS"].split()
+        kernels.CFLAGS = [*os.environ["LUMEN_BENCH_CFLAGS"].split(), *kernels.ahead_flags()]  # (this CPU's distance)
     from lumen import decode, fast
     from lumen.decode import GREEDY
     from lumen.fast.decoding import frozen
