@@ -273,12 +273,13 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "llamacpp": llamacpp, "llamacpp_avx2": llamacpp,
     "profile": profile, "smollm2": smollm2, "train": train, "contention": contention,
     "nanogpt": nanogpt, "speedrun": speedrun, "kernel_builds": kernel_builds, "features": features}
-SCRIPT = {"llamacpp": "bench_llamacpp.py", "llamacpp_avx2": "bench_llamacpp.py --stand-in avx2",
+SCRIPT = {"llamacpp": "bench_llamacpp.py", "llamacpp_avx2": "bench_llamacpp.py",
           "profile": "profile_decode.py", "smollm2": "bench_smollm2.py",
           "train": "bench_train.py", "contention": "bench_contention.py", "speedrun": "speedrun.py",
           "kernel_builds": "kernel_builds.py", "features": "features_record.py"}
 # what fills a section that never ran here
 COMMAND = {name: f"`.venv/bin/python bench/{script}`" for name, script in SCRIPT.items()} | {
+    "llamacpp_avx2": "`.venv/bin/python bench/bench_llamacpp.py --stand-in avx2`",
     "nanogpt": ("the three steps in bench/vs_nanogpt.py's docstring (clone nanoGPT, export lumen's split, train "
                 "it five minutes, then `.venv/bin/python bench/vs_nanogpt.py eval NANOGPT NANOGPT/out-lumen "
                 "runs/shakespeare`)"),
