@@ -146,6 +146,7 @@ def test_a_bench_that_never_ran_says_which_command_fills_it(tmp_path):
             assert f"`.venv/bin/python bench/{speed_doc.SCRIPT[name]}`" in text
             assert (BENCH / speed_doc.SCRIPT[name]).is_file()
     assert "bench/vs_nanogpt.py eval" in section(page, "nanogpt")
+    assert "bench/bench_llamacpp.py --stand-in avx2`" in section(page, "llamacpp_avx2")
 
 
 def test_a_failed_bench_writes_nothing(tmp_path):
