@@ -25,6 +25,10 @@ from lumen.formats.gguf import stored_quantized  # noqa: E402
 from lumen.runtime import cpu  # noqa: E402
 
 TYPES = [Q.Q4_1, Q.Q8_0]
+# SmolLM2's logits, the same float32 model by two routes (the unembedding by slabs or whole): float32 rounding,
+# of a stream whose first position reaches ~23,000 (a float32 step of ~0.002 there). Measured: 0, or 3.1e-3 at
+# one logit, depending on which tests ran before in the process (the matmul library's path, not the model).
+FLOAT_ROUNDING = 1e-2
 
 
 def blocks_from_gguf(tensor) -> QuantMatrix:
@@ -129,7 +133,7 @@ def test_kernels_at_every_count_of_rows_and_blocks(qtype, out, n, cpp_compiler):
 
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize(("out", "n"), [(7, 96), (33, 544), (50, 1056)])
-def test_a_prompts_rows_each_get_a_decoded_tokens_numbers(qtype, out, n, cpp_compiler, monkeypatch):
+def test_a_prompts_rows_each_get_a_decoded_tokens_numbers(qtype, out, n, monkeypatch):
     """Many rows by quant.cpp's prompt kernel (AVX-512: four rows at a time against each quad; a stretch of
     64 rows at a time): each row's products bit for bit those the one-row kernel gives it alone, and the float64
     formula's, for counts of rows that leave every remainder of the tiles and stretches, at one thread and two;
@@ -336,7 +340,7 @@ def test_smollm2_from_its_blocks_decodes_as_the_dequantized_model(smollm2, smoll
         for prompt in prompts:
             ids = torch.tensor([tok.encode(prompt)])
             assert tok.encode(prompt) == smollm2_tokenizer.encode(prompt)
-            torch.testing.assert_close(model(ids)[0], smollm2(ids)[0], rtol=0, atol=1e-3)
+            torch.testing.assert_close(model(ids)[0], smollm2(ids)[0], rtol=0, atol=FLOAT_ROUNDING)
             want = smollm2.generate(ids, 64, temperature=0)
             reference = smollm2(want)[0][0, ids.size(1) - 1:-1].log_softmax(-1)  # each step's distribution
             steps = teacher_forced(model, ids, want[0, ids.size(1):]).log_softmax(-1)
@@ -384,12 +388,13 @@ def test_smollm2_from_its_blocks_reads_a_prompt_as_the_float_model_and_answers(s
     assert isinstance(model.blocks[0].attn.q, QuantLinear) and model.lm_head.matrix is model.tok_emb.matrix
     ids = torch.tensor([smollm2_tokenizer.encode("The capital of France is")])
     with torch.inference_mode():
-        torch.testing.assert_close(model(ids)[0], smollm2(ids)[0], rtol=0, atol=1e-3)
+        torch.testing.assert_close(model(ids)[0], smollm2(ids)[0], rtol=0, atol=FLOAT_ROUNDING)
     nxt = generate(model, ids, 2, temperature=0)[0, ids.size(1):]
     assert smollm2_tokenizer.decode(nxt[:1].tolist()) == " Paris"
 
 
-def test_the_decoding_doors_prompt_is_rounded_as_its_tokens_are(smollm2, smollm2_tokenizer, cpp_compiler):
+@pytest.mark.smoke  # (the door's prompt in make test)
+def test_the_decoding_doors_prompt_is_rounded_as_its_tokens_are(smollm2, smollm2_tokenizer):
     """Inside lumen.fast.decoding, a GGUF's prompt is multiplied as llama.cpp multiplies one (each row rounded to
     8 bits per block, byte products): every layer's output for the prompt is, bit for bit, its rows' one-row
     products; the logits stay within the rounding of x of the dequantized float32 model's (KL < 0.06 nats on
