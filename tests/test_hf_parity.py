@@ -146,7 +146,8 @@ def _rel(a, b):
                                                   for n in A_SHAPES[1:] + [n for n in SHAPES if n not in A_SHAPES]])
 def test_float64_bfloat16_padding_and_32_greedy_steps_agree(name):
     """float32 within 5e-5 relative; float64 within 1e-6 (transformers' RMSNorms compute in float32 even in a
-    float64 model: what is left is their rounding, two orders below the float32 bound); bfloat16 within 1e-2;
+    float64 model: what is left is their rounding, two orders below the float32 bound); bfloat16 as close to the
+    float64 logits as transformers' own bfloat16 (within 2x, or 1e-2);
     32 greedy tokens equal to transformers' generate; a padded batch gives each prompt what it gets alone."""
     from lumen.tokenizers import pad
 
@@ -154,11 +155,16 @@ def test_float64_bfloat16_padding_and_32_greedy_steps_agree(name):
     idx = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert _rel(ours(idx)[0], hf(idx).logits) < 5e-5
-        assert _rel(GPT.from_state(ours.cfg, ours.state_dict(), dtype=torch.float64)(idx)[0],
-                    copy.deepcopy(hf).double()(idx).logits) < 1e-6
+        hf64 = copy.deepcopy(hf).double()
+        hf64.config._experts_implementation = "eager"  # (transformers' grouped expert products have no float64)
+        truth = hf64(idx).logits
+        assert _rel(GPT.from_state(ours.cfg, ours.state_dict(), dtype=torch.float64)(idx)[0], truth) < 1e-6
         ours16 = GPT.from_state(ours.cfg, ours.state_dict(), dtype=torch.bfloat16)(idx)[0].double()
         ref16 = copy.deepcopy(hf).to(torch.bfloat16)(idx).logits.double()
-        assert ((ours16 - ref16).norm() / ref16.norm()).item() < 1e-2   # (over all logits: a few bf16 ulps apart)
+        # bfloat16 against the float64 logits, over all of them: lumen's error no more than twice transformers'
+        # own, or within 1e-2 (a few bf16 steps; measured up to 1.8e-2 apart from each other on Gemma 2 and 3)
+        error = {who: ((x - truth).norm() / truth.norm()).item() for who, x in (("ours", ours16), ("hf", ref16))}
+        assert error["ours"] < max(2 * error["hf"], 1e-2), error
         prompts = [idx[0, :7].tolist(), idx[1, :13].tolist()]
         for side in ("left", "right"):
             batch = pad(prompts, side)

@@ -37,7 +37,6 @@ SIZES = {
 }
 
 
-@torch.no_grad()
 def measure(size: Size, seed: int) -> dict:
     """The stream's variance after every block at init with and without the rule, and early training both ways."""
     s = size
@@ -47,9 +46,10 @@ def measure(size: Size, seed: int) -> dict:
                       activation="gelu")
     idx = torch.randint(0, 256, (s["batch"], s["context"]), generator=torch.Generator().manual_seed(seed))
     var = {}
-    for rule in (True, False):
+    for rule in (True, False):  # (no gradients for the variances; the training runs below need them)
         torch.manual_seed(seed)
-        var[rule] = stream_variance(build(cfg, "residual", residual_rule=rule).eval(), idx)
+        with torch.no_grad():
+            var[rule] = stream_variance(build(cfg, "residual", residual_rule=rule).eval(), idx)
     added = {r: v[-1] - v[0] for r, v in var.items()}
     data = shakespeare()
     tcfg = ModelConfig(vocab_size=data.tokenizer.vocab_size, context=64, d_model=s["train_d"],
