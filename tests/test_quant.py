@@ -134,24 +134,24 @@ def test_kernels_at_every_count_of_rows_and_blocks(qtype, out, n, cpp_compiler):
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize(("out", "n"), [(7, 96), (33, 544), (50, 1056)])
 def test_a_prompts_rows_each_get_a_decoded_tokens_numbers(qtype, out, n, monkeypatch):
-    """Many rows by quant.cpp's prompt kernel (AVX-512: four rows at a time against each quad; a stretch of
-    64 rows at a time): each row's products bit for bit those the one-row kernel gives it alone, and the float64
-    formula's, for counts of rows that leave every remainder of the tiles and stretches, at one thread and two;
-    torch's formula (no kernel) gives the same numbers to float32 rounding."""
+    """Many rows by quant.cpp's prompt kernel (panels of 16 rows of w with AVX-512, 8 with AVX2, against 3 or 4
+    rows of x at a time; a stretch of 256 rows at a time): each row's products bit for bit those the one-row
+    kernel gives it alone, and the float64 formula's, for counts of rows that leave every remainder of the tiles
+    and stretches, at one thread and two; torch's formula (no kernel) gives the same numbers to float32 rounding."""
     from lumen.fast import kernels
 
     if not kernels.load():
         pytest.skip("quant.cpp does not build here (it needs an x86-64 CPU with AVX2, or ARM64, g++ and ninja)")
     tensor, reference = quantized_tensor(qtype, out, n, seed=out)
     blocks = blocks_from_gguf(tensor)
-    x = torch.randn(131, n, generator=torch.Generator().manual_seed(n))
+    x = torch.randn(263, n, generator=torch.Generator().manual_seed(n))
     want = torch.stack([rounded_reference(row, tensor, reference) for row in x])
     alone = torch.stack([blocks.row_product(row) for row in x])
     before = torch.get_num_threads()
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            for m in (2, 3, 5, 64, 67, 131):
+            for m in (2, 3, 5, 64, 67, 131, 263):  # (263: a stretch of 256 and 7 more)
                 y = blocks.row_product(x[:m])
                 assert y.shape == (m, out) and torch.equal(y, alone[:m])
             torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)

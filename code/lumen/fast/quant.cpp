@@ -35,8 +35,8 @@ at::Tensor quads_row(const at::Tensor& x, const at::Tensor& packed, bool q4_1) {
   return y;
 }
 
-// A prompt's rows in stretches of this many: their 8-bit x (~2.5 bytes a number) stays in the core's L2 while
-// every weight passes over it, and the matrix is read once a stretch
+// A prompt's rows in stretches of this many: their 8-bit x (~4 bytes a number, its copies and steps included)
+// stays in the core's L2 while every weight passes over it, and the matrix is read once a stretch
 constexpr int64_t STRETCH = 256;
 
 // Y (m x 4 quads) = X @ w.T for m float32 rows X, each row's numbers those `quads_row` gives it alone (the same
