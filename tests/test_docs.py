@@ -309,7 +309,7 @@ def trained_briefly(argv: tuple) -> list[str]:
 
 def serves(argv: list[str], cwd: Path) -> None:
     """`lumen serve`: started, asked for its page once, stopped (it serves until Ctrl-C)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "code")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "code"), "PYTHONFAULTHANDLER": "1"}  # (SIGABRT: every stack)
     argv = [w if w != "8765" else "0" for w in argv]   # a free port: another server may hold the README's
     p = subprocess.Popen([sys.executable, "-m", "lumen", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
@@ -321,7 +321,12 @@ def serves(argv: list[str], cwd: Path) -> None:
             assert page.status == 200 and b"<html" in page.read(2000).lower()
     finally:
         p.send_signal(signal.SIGINT)
-        p.wait(timeout=60)
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # it did not stop: where each of its threads stands, then fail
+            p.send_signal(signal.SIGABRT)
+            _, err = p.communicate(timeout=60)
+            pytest.fail(f"lumen serve did not stop within 60 s of Ctrl-C; its threads:\n{err[-6000:]}")
 
 
 @pytest.mark.slow

@@ -37,12 +37,23 @@ def lumen_train(out: Path, *sets: str, resume: bool = False, nproc: int = 1) -> 
 
 
 def env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "LUMEN_OFFLINE": "1"}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "LUMEN_OFFLINE": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 def check(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    """Run a training command to its end. One that outlives 300 s (about ten times its time) is stuck: every
+    process of its group (torchrun's workers too) shows where it stands (faulthandler, on SIGABRT) and is ended."""
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        time.sleep(5)
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd[-6:])} was still running after 300 s; its processes:\n{err[-8000:]}")
+    assert proc.returncode == 0, err[-3000:]
 
 
 def final_weights(out: Path, step: int) -> dict[str, torch.Tensor]:
