@@ -33,6 +33,26 @@ def test_tied_and_untied_output_projection():
     assert n(untied) - n(tied) == 50 * 32
 
 
+@pytest.mark.parametrize("cap", [None, 30.0])
+def test_last_only_is_the_last_positions_logits(cap):
+    """Decoding reads one position of a prompt: unembedding that one alone gives its numbers (each position is
+    normed and unembedded on its own), with a cache too, and the cache is filled as for every position."""
+    torch.manual_seed(0)
+    model = GPT(TINY.replace(positions="rope", context=32, final_softcap=cap)).eval()
+    idx = torch.randint(0, 50, (2, 9))
+    full, _ = model(idx)
+    last, _ = model(idx, last_only=True)
+    assert last.shape == (2, 1, 50)
+    torch.testing.assert_close(last, full[:, -1:], rtol=1e-5, atol=1e-6)
+    caches = [KVCache(model.cfg, 2, 16, "cpu", torch.float32) for _ in range(2)]
+    model(idx, cache=caches[0])
+    model(idx, cache=caches[1], last_only=True)
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    with pytest.raises(ValueError, match="targets or last_only"):
+        model(idx, idx, last_only=True)
+
+
 @pytest.mark.parametrize("positions", ["learned", "rope"])
 def test_cached_decode_equals_uncached(positions):
     torch.manual_seed(0)

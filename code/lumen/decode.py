@@ -147,7 +147,7 @@ def tokens(
     if use_cache:
         slots = min(context, cache_slots or idx.size(1) + max_new_tokens)
         cache = KVCache(model.cfg, idx.size(0), slots, idx.device, model.dtype)
-    logits, _ = model(idx, cache=cache, mask=mask)
+    logits, _ = model(idx, cache=cache, mask=mask, last_only=True)
     seq, real = idx, mask
     for i in range(max_new_tokens):
         nxt = sample_next(logits[:, -1], sampling, generator)
@@ -161,7 +161,7 @@ def tokens(
             logits, _ = step(nxt[:, None], cache=cache)    # one more token: its keys join the cache
             held += 1
         else:  # re-read the window
-            logits, _ = (step if seq.size(1) == context else model)(seq, mask=real)
+            logits, _ = step(seq, mask=real) if seq.size(1) == context else model(seq, mask=real, last_only=True)
 
 
 def generate(

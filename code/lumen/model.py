@@ -116,12 +116,17 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         cache: KVCache | None = None,
         mask: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, vocab) for token ids idx (B, T), and the mean next-token loss if targets
         are given (positions whose target is -1 are ignored). With a cache, idx continues the
         tokens it holds, and their keys and values are added to it. mask (B, T): for a padded batch
         (prompts of different lengths, `Tokenizer.pad`), True at the real tokens; each prompt's logits
-        are then what it gets alone (attention.Padding)."""
+        are then what it gets alone (attention.Padding). last_only: the last position's logits alone
+        (B, 1, vocab), all that decoding reads from a prompt (the others would be unembedded for nothing:
+        a fifth of a long prompt's products in a small model, and T x vocab floats)."""
+        if last_only and targets is not None:
+            raise ValueError("a loss needs every position's logits: pass targets or last_only, not both")
         if not torch.compiler.is_compiling():  # (reading ids would split a compiled graph: callers check)
             check_tokens(idx, self.cfg, cache.n if cache is not None else 0, mask)
             if cache is not None:
@@ -132,6 +137,8 @@ class GPT(nn.Module):
         x = self.embed(idx, padding.at(slots) if padding is not None else slots)
         for i, block in enumerate(self.blocks):
             x = block(x, padding, cache.layers[i] if cache is not None else None)
+        if last_only:  # (each position is normed and unembedded on its own: the last one's numbers are the same)
+            x = x[:, -1:]
         logits = self.logit_cap(self.lm_head(self.ln_f(x)))
         if cache is not None:
             cache.advance(T)
