@@ -6,8 +6,8 @@ For each thread count (pinned) and each depth (default 0): greedy decoding of TO
 of DEPTH tokens (a short one for depth 0; llama-bench's `-d`: the tokens already in the cache when the timed
 ones start), through the speed wing's door (tokens/s after the first; compiling and the prompt not counted),
 then the process's peak resident memory (VmHWM) so far, then a prompt of PROMPT_TOKENS tokens in one forward
-pass as decoding runs it (prefill tokens/s, eager: the door's products for many rows; its keys and values cached,
-its last position unembedded, as llama-bench's pp does). Prints one JSON line. Not a test.
+pass as decoding runs it, to its first token (prefill tokens/s, eager: the door's products for many rows; as
+llama-bench's pp, its keys and values cached and its last position's logits). Prints one JSON line. Not a test.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ def main() -> None:
 
         kernels.CFLAGS = [*os.environ["LUMEN_BENCH_CFLAGS"].split(), *kernels.ahead_flags()]  # (this CPU's distance)
     from lumen import decode, fast
-    from lumen.attention import KVCache
     from lumen.decode import GREEDY
     from lumen.fast.decoding import frozen
     from lumen.formats import load
@@ -69,11 +68,10 @@ def main() -> None:
         for t in out:
             torch.set_num_threads(t)
             model(long[:, :16])  # warm
-            # the prompt as decoding runs it (and llama-bench's pp): its keys and values cached, its last
-            # position's logits
-            cache = KVCache(model.cfg, 1, long.size(1), long.device, model.dtype)
+            # the prompt as decoding runs it, to its first token (as llama-bench's pp: the keys and values
+            # cached, the last position's logits)
             t0 = time.perf_counter()
-            model(long, cache=cache, last_only=True)
+            next(decode.tokens(model, long, 1, GREEDY))
             out[t]["prefill_tok_s"] = long.size(1) / (time.perf_counter() - t0)
     print(json.dumps({"max_rss_mib": peak, "threads": out}))
 
