@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -57,3 +60,38 @@ def test_onednn_bf16_is_pytorchs_answer(monkeypatch):
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this PyTorch has no oneDNN")
     assert cpu.onednn_bf16() == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+# /proc/cpuinfo's flags on a Haswell (AVX2 and FMA, no AVX-512): what lumen reads on such a machine
+HASWELL = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ss ht "
+           "syscall nx pdpe1gb rdtscp lm constant_tsc pni pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2 x2apic movbe "
+           "popcnt aes xsave avx f16c rdrand lahf_lm abm fsgsbase bmi1 avx2 smep bmi2 erms invpcid")
+
+
+@pytest.mark.slow
+def test_bf16_generation_on_an_emulated_avx2_cpu(smollm2_gguf):
+    """The command that crashed on a Zen 1 (issue 36: oneDNN's bf16 reorder raised) runs on an AVX2-only CPU as its
+    libraries see it: qemu's x86-64 emulator shows PyTorch and oneDNN a Haswell (CPUID), and lumen reads that
+    machine's Linux flags; then this machine's flags, which the emulated CPU contradicts (lumen asks oneDNN too).
+    Its greedy tokens are the float32 model's, run natively. x86-64 machines with qemu-user only (`make cross`
+    installs it); about 3 minutes."""
+    if cpu.arch() != "x86_64" or shutil.which("qemu-x86_64") is None:
+        pytest.skip("needs an x86-64 machine and qemu-user's qemu-x86_64 (apt-get install -y qemu-user)")
+    script = ("import sys, torch; from lumen.cli import main; "
+              "print('capability', torch.backends.cpu.get_cpu_capability(), flush=True); "
+              "sys.exit(main(['generate', 'smollm2', '--dtype', 'bfloat16', '--prompt', 'Hello', "
+              "'--max-new-tokens', '3', '--temperature', '0']))")
+    env = {**os.environ, cpu.OVERRIDE: HASWELL, "LUMEN_OFFLINE": "1"}
+    # the tokens the float32 model chooses here, natively (bf16's rounding leaves these three unchanged)
+    native = subprocess.run([sys.executable, "-m", "lumen", "generate", "smollm2", "--prompt", "Hello",
+                             "--max-new-tokens", "3", "--temperature", "0"], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert native.returncode == 0, native.stderr
+    # as on a Haswell; then with this machine's own flags, which the emulated CPU contradicts (oneDNN is asked too)
+    for flags in (HASWELL, None):
+        run_env = env if flags else {k: v for k, v in env.items() if k != cpu.OVERRIDE}
+        done = subprocess.run(["qemu-x86_64", "-cpu", "Haswell-v4", sys.executable, "-c", script], env=run_env,
+                              capture_output=True, text=True, timeout=900)
+        assert "capability AVX2" in done.stdout, done.stdout + done.stderr[-3000:]  # PyTorch sees no AVX-512
+        assert done.returncode == 0 and "internal error" not in done.stderr, done.stderr[-3000:]
+        assert done.stdout.splitlines()[1:] == native.stdout.splitlines()

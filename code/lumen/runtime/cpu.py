@@ -114,10 +114,11 @@ def machine(threads: bool = True, memory: bool = False, load: bool = False, vers
 
 def onednn_bf16() -> bool:
     """Whether oneDNN's bf16 kernels (packed weights, bf16 products) run here: on x86 they need AVX-512's
-    byte, vector-length and doubleword parts, or AVX-NE-CONVERT, and raise otherwise; on ARM, the bf16 flag."""
-    if arch() == "aarch64":
-        return has("bf16")
-    return has("avx512bw", "avx512vl", "avx512dq") or has("avx_ne_convert")
+    byte, vector-length and doubleword parts, or AVX-NE-CONVERT, and raise otherwise; on ARM, the bf16 flag.
+    oneDNN itself is asked too (it reads CPUID, not Linux's flags): under an emulator or a hypervisor the two
+    can differ, and oneDNN's answer is the one that raises."""
+    flagged = has("bf16") if arch() == "aarch64" else has("avx512bw", "avx512vl", "avx512dq") or has("avx_ne_convert")
+    return flagged and (not torch.backends.mkldnn.is_available() or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 def native_bf16() -> bool:
