@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.signals import ctrl_c_restored
 from lumen.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,7 +313,7 @@ def serves(argv: list[str], cwd: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "code"), "PYTHONFAULTHANDLER": "1"}  # (SIGABRT: every stack)
     argv = [w if w != "8765" else "0" for w in argv]   # a free port: another server may hold the README's
     p = subprocess.Popen([sys.executable, "-m", "lumen", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_restored)
     try:
         line = p.stdout.readline()
         url = re.search(r"http://127\.0\.0\.1:\d+/", line)

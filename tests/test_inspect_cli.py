@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from helpers.runs import TEXT, tiny_run
+from helpers.signals import ctrl_c_restored
 from lumen import GPT, ModelConfig
 from lumen.cli import main
 from lumen.tokenizers import CharTokenizer
@@ -149,7 +150,7 @@ def test_ctrl_c_during_tuned_lens_training_saves_the_lens(run_dir, tmp_path):
     argv = ["tuned-lens", "train", run_dir / "run", "--corpus", run_dir / "corpus", "--steps", "20000",
             "--seq-len", "16", "--out", out, "-q"]
     p = subprocess.Popen([sys.executable, "-m", "lumen", *map(str, argv)], env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ctrl_c_restored)
     try:
         said = [p.stderr.readline()]   # lines up to the one that says training begins (or the end)
         while said[-1] and "Ctrl-C saves" not in said[-1]:

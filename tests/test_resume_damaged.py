@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers.signals import ctrl_c_restored
 from lumen.data import prepare
 from lumen.formats import checkpoint as ckpt
 
@@ -135,7 +136,8 @@ def test_ctrl_c_saves_the_step_and_prints_the_resume_command(tmp_path, alone):
 
     for _ in range(5):
         shutil.rmtree(run, ignore_errors=True)
-        proc = subprocess.Popen(command(run), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(command(run), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=ctrl_c_restored)
         while proc.poll() is None and not training():
             time.sleep(0.002)
         proc.send_signal(signal.SIGINT)
