@@ -174,9 +174,10 @@ def shutdown(holder: object = None) -> None:
     """This process is done with the run's process group. A torchrun worker keeps the group, and `holder` (the
     trainer, whose DDP or FSDP model holds it), until its process ends (`leave`): gloo's destructor joins its
     worker thread while holding the GIL, and that thread may still be releasing the last collective's
-    tensors, for which it needs the GIL. Destroyed as `train` returned, the group deadlocked a 2-process run
-    about one time in five under load (gdb: the main thread in ~ProcessGroupGloo's join, gloo's runloop in
-    ~AsyncBarrierWork waiting for the GIL). A single process has no group; any other group is destroyed."""
+    tensors, for which it needs the GIL. Destroyed as `train` returned, the group deadlocked 2-process runs
+    now and then (1 in 2 runs of a test looped on a 2-core VM; gdb: the main thread in ~ProcessGroupGloo's
+    join, gloo's runloop in ~AsyncBarrierWork waiting for the GIL). A later `train` in the same worker uses
+    the group kept. A single process has no group; any other group is destroyed."""
     if not dist.is_initialized():
         return
     if launched_by_torchrun():
