@@ -167,23 +167,16 @@ def stop_together(d: Dist, kept: Callable[[], str]) -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
 
 
-_HELD_TO_THE_END: list[object] = []  # what a torchrun worker's process group lives in, until the process ends
-
-
-def shutdown(holder: object = None) -> None:
-    """This process is done with the run's process group. A torchrun worker keeps the group, and `holder` (the
-    trainer, whose DDP or FSDP model holds it), until its process ends (`leave`): gloo's destructor joins its
-    worker thread while holding the GIL, and that thread may still be releasing the last collective's
-    tensors, for which it needs the GIL. Destroyed as `train` returned, the group deadlocked 2-process runs
-    now and then (1 in 2 runs of a test looped on a 2-core VM; gdb: the main thread in ~ProcessGroupGloo's
-    join, gloo's runloop in ~AsyncBarrierWork waiting for the GIL). A later `train` in the same worker uses
-    the group kept. A single process has no group; any other group is destroyed."""
-    if not dist.is_initialized():
-        return
-    if launched_by_torchrun():
-        _HELD_TO_THE_END.append(holder)
-        return
-    dist.destroy_process_group()
+def shutdown() -> None:
+    """This process is done with the run's process group. A torchrun worker keeps it until its process ends
+    (`leave`): gloo's destructor joins its worker thread while holding the GIL, and that thread may still be
+    releasing the last collective's tensors, for which it needs the GIL. Destroyed as `train` returned (the
+    DDP model, its last holder, freed), the group deadlocked 2-process runs now and then (1 in 2 runs of a
+    test looped on a 2-core VM; gdb: the main thread in ~ProcessGroupGloo's join, gloo's runloop in
+    ~AsyncBarrierWork waiting for the GIL). A later `train` in the same worker uses the group kept. A single
+    process has no group; any other group is destroyed."""
+    if dist.is_initialized() and not launched_by_torchrun():
+        dist.destroy_process_group()
 
 
 def leave(code: int = 0) -> NoReturn:

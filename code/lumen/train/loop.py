@@ -68,7 +68,6 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig | None = None, *, resume: boo
     if cfg.save:
         RunDir(cfg.out_dir).check(resume)  # before any process starts anything
     with run_settings(cfg):
-        trainer = None
         try:
             trainer = Trainer(cfg, model_cfg, data, model)
             # a process of the run that dies takes the others down, in one line (not a hang)
@@ -79,7 +78,7 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig | None = None, *, resume: boo
                 distributed.barrier(trainer.dist)
             return result
         finally:
-            distributed.shutdown(trainer)
+            distributed.shutdown()
 
 
 class Trainer(Loop):
