@@ -86,10 +86,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         base.mkdir()
-        for name in ("quant.cpp", "attend.cpp"):
-            text = subprocess.run(["git", "show", f"{args.base}:{FAST}/{name}"], cwd=ROOT, capture_output=True,
-                                  text=True, check=True).stdout
-            (base / name).write_text(text)
+        for name in ("quant.cpp", "attend.cpp", "quads.h", "attend.h"):  # (the headers: where the commit has them)
+            shown = subprocess.run(["git", "show", f"{args.base}:{FAST}/{name}"], cwd=ROOT, capture_output=True,
+                                   text=True)
+            if shown.returncode == 0:
+                (base / name).write_text(shown.stdout)
+            elif name.endswith(".cpp"):
+                sys.exit(f"kernel_builds: {args.base} has no {FAST}/{name} ({shown.stderr.strip()})")
         builds = {"base": base, "this": ROOT / FAST}
         rows = []
         with Record("kernel_builds") as rec:

@@ -230,8 +230,8 @@ inline void q8_0_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const Roun
 }
 #elif defined(__x86_64__)
 // AVX2: four rows at a time, two blocks at a time, with 256-bit registers (as the AVX-512 path does four blocks
-// with 512). Eight integer sums of 32 products each (one row and one block each), added up per register:
-// [v0 .. v7], in the order of a group's scales when v holds block j's rows 0-3, then block j+1's.
+// with 512). Q8_0's eight integer sums of 32 products each (one row and one block each), added up per
+// register: [v0 .. v7], in the order of a group's scales when v holds block j's rows 0-3, then block j+1's.
 inline __m256i sums8(const __m256i* v) {
   const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
   const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
@@ -250,30 +250,50 @@ inline void store4(__m256 acc, float* y) {
   _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
 }
 
+// Four rows' integer sums of two blocks, each in four parts per block (lanes 0-3: block j, 4-7: block j + 1),
+// added up per block: [block j's rows 0-3, block j + 1's rows 0-3], the order of a group's scales (the
+// AVX-512 path's per_block, in each 128-bit half)
+inline __m256i per_block(__m256i t0, __m256i t1, __m256i t2, __m256i t3) {
+  const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(t0, t1), _mm256_unpackhi_epi32(t0, t1));
+  const __m256i b = _mm256_add_epi32(_mm256_unpacklo_epi32(t2, t3), _mm256_unpackhi_epi32(t2, t3));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+
+// 4-bit codes (two registers: low and high halves) by x's bytes, added four at a time into 8 integer sums.
+// Without VNNI by pairs into 16 bits, both registers' pairs added there (at most 4 x 15 x 127: no overflow).
+inline __m256i dot_nibbles(__m256i low, __m256i xl, __m256i high, __m256i xh) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), low, xl), high, xh);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), low, xl), high, xh);
+#else
+  const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, xl), _mm256_maddubs_epi16(high, xh));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+
 // One quad of Q4_1 rows, a group (k blocks: 64 k bytes of codes, 4 k scales, 4 k minima) at a time, two
-// blocks at a time: a block's 16 bytes hold its numbers 0-15 in their low halves and 16-31 in their high
-// halves, which meet x's 32 numbers as one register
-inline void q4_1_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, float* y) {
+// blocks at a time: a row's two blocks are one register of codes, their low halves meeting x's numbers 0-15
+// of each block, their high halves 16-31 (QuadRow's low and high). A group's odd last block reads 16 bytes
+// past it (the next row's codes, or the group's scales): they meet x's zeros past its last block.
+inline void q4_1_quad(const uint8_t* p, int64_t nb, const QuadRow& x, float* y) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256 acc = _mm256_setzero_ps(), low = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b += GROUP) {
     const int64_t k = std::min<int64_t>(GROUP, nb - b), row = 16 * k;
     for (int64_t a = 0; a < 80 * k; a += 64) prefetch(p + AHEAD_BYTES + a);
     for (int64_t j = 0; j < k; j += 2) {
-      const bool two = j + 1 < k;
-      __m256i v[8];
-      for (int h = 0; h < (two ? 2 : 1); ++h) {
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.q.data() + (b + j + h) * BLOCK));
-        for (int i = 0; i < ROWS; ++i) {
-          const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * row + 16 * (j + h)));
-          const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(c, 4), c), nibble);
-          v[4 * h + i] = dot_u8s8(_mm256_setzero_si256(), q, xq);
-        }
+      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.low.data() + (b + j) * 16));
+      const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.high.data() + (b + j) * 16));
+      __m256i t[ROWS];
+      for (int i = 0; i < ROWS; ++i) {
+        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * row + 16 * j));
+        t[i] = dot_nibbles(_mm256_and_si256(c, nibble), xl, _mm256_and_si256(_mm256_srli_epi16(c, 4), nibble), xh);
       }
-      if (!two) std::fill_n(v + 4, 4, _mm256_setzero_si256());
+      const bool two = j + 1 < k;
       const __m256 d = halves(p + ROWS * row + 8 * j, two), m = halves(p + ROWS * row + 8 * k + 8 * j, two);
       const __m256 step = _mm256_loadu_ps(x.step4.data() + (b + j) * 4), sum = _mm256_loadu_ps(x.sum4.data() + (b + j) * 4);
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums8(v)), _mm256_mul_ps(d, step), acc);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(per_block(t[0], t[1], t[2], t[3])), _mm256_mul_ps(d, step), acc);
       low = _mm256_fmadd_ps(m, sum, low);  // the minima times x's sums (an odd last block: m's upper half is 0)
     }
     p += ROWS * row + 16 * k;
@@ -379,7 +399,7 @@ inline void q8_0_quad(const uint8_t* p, int64_t nb, const QuadRow& x, const Roun
 
 // One quad's four outputs (y[0..3]) from its bytes p: Q4_1 or Q8_0
 inline void quad_product(const uint8_t* p, int64_t nb, const QuadRow& x, const RoundedRow& r, bool q4_1, float* y) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(__x86_64__)
   if (q4_1) q4_1_quad(p, nb, x, y);
 #else
   if (q4_1) q4_1_quad(p, nb, x, r, y);
