@@ -1,12 +1,13 @@
-"""quant.cpp's one-row block products, two builds side by side: this tree's and another commit's (default: the
-one before the AVX2 kernel read four rows at a time), each built for a chosen instruction set (default
--march=x86-64-v3: AVX2 and FMA, no AVX-512, no VNNI: an AMD Zen 1's), on SmolLM2-sized matrices of random
-blocks. Each build runs in a process of its own (both register the same ops), the two taking turns, round
-after round; the best round of each is kept, and the ratios are of those: of the wall time, and of the CPU
-time the process used (on a machine that other programs keep busy, the wall time of one thread measures the
-scheduler's share as much as the kernel; the CPU time of one thread measures the kernel).
+"""quant.cpp's one-row block products, builds side by side: this tree's and earlier commits' (default: the one
+before the AVX2 kernel read four rows at a time, and the one before it read a row's two blocks as one register),
+each built for a chosen instruction set (default -march=x86-64-v3: AVX2 and FMA, no AVX-512, no VNNI: an AMD
+Zen 1's), on SmolLM2-sized matrices of random blocks. Each build runs in a process of its own (all register the
+same ops), the builds taking turns, round after round; the best round of each is kept, and the ratios are of
+those: of the wall time, and of the CPU time the process used (on a machine that other programs keep busy, the
+wall time of one thread measures the scheduler's share as much as the kernel; the CPU time of one thread
+measures the kernel).
 
-    .venv/bin/python bench/kernel_builds.py [--base COMMIT] [--march x86-64-v3] [--threads 1,2] [--rounds 5]
+    .venv/bin/python bench/kernel_builds.py [--base COMMIT,COMMIT] [--march x86-64-v3] [--threads 1,2] [--rounds 5]
 
 Results go to docs/speed/kernel_builds@KIND.json (named with the machine and its flags). Not a test.
 """
@@ -72,9 +73,14 @@ def run(src: Path, march: str, threads: int, cache: Path, repeats: int) -> dict[
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# what the default commits' AVX2 path does (the page says it beside their times)
+KNOWN = {"e8b5504": "one row and one block at a time",
+         "989c2a0": "four rows, two blocks at a time, a row's blocks one at a time, sums by horizontal adds"}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--base", default="e8b5504", help="the commit whose quant.cpp to compare with")
+    p.add_argument("--base", default=",".join(KNOWN), help="the commits whose quant.cpp to compare with (a, b, ...)")
     p.add_argument("--march", default="x86-64-v3")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--rounds", type=int, default=5)
@@ -84,30 +90,29 @@ def main() -> None:
     from results import Record
 
     with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        base.mkdir()
-        for name in ("quant.cpp", "attend.cpp", "quads.h", "attend.h"):  # (the headers: where the commit has them)
-            shown = subprocess.run(["git", "show", f"{args.base}:{FAST}/{name}"], cwd=ROOT, capture_output=True,
-                                   text=True)
-            if shown.returncode == 0:
-                (base / name).write_text(shown.stdout)
-            elif name.endswith(".cpp"):
-                sys.exit(f"kernel_builds: {args.base} has no {FAST}/{name} ({shown.stderr.strip()})")
-        builds = {"base": base, "this": ROOT / FAST}
+        builds = {}
+        for commit in args.base.split(","):
+            builds[commit] = base = Path(tmp) / commit
+            base.mkdir()
+            for name in ("quant.cpp", "attend.cpp", "quads.h", "attend.h"):  # (the headers: where it has them)
+                shown = subprocess.run(["git", "show", f"{commit}:{FAST}/{name}"], cwd=ROOT, capture_output=True,
+                                       text=True)
+                if shown.returncode == 0:
+                    (base / name).write_text(shown.stdout)
+                elif name.endswith(".cpp"):
+                    sys.exit(f"kernel_builds: {commit} has no {FAST}/{name} ({shown.stderr.strip()})")
+        builds["this tree"] = ROOT / FAST
         rows = []
         with Record("kernel_builds") as rec:
+            rec["builds"] = {name: KNOWN.get(name, "") for name in builds}
             for threads in map(int, args.threads.split(",")):
-                best = {(name, kind): float("inf") for name in builds for kind in ("token_ms", "cpu_ms")}
+                best = {name: {"token_ms": float("inf"), "cpu_ms": float("inf")} for name in builds}
                 for _ in range(args.rounds):
                     for name, src in builds.items():
                         got = run(src, args.march, threads, Path(tmp) / "cache", args.repeats)
-                        for kind in ("token_ms", "cpu_ms"):
-                            best[name, kind] = min(best[name, kind], got[kind])
-                row: dict[str, object] = {"threads": threads, "march": args.march, "base_commit": args.base,
-                                          "load": os.getloadavg()[0]}
-                for kind in ("token_ms", "cpu_ms"):
-                    row |= {f"base_{kind}": round(best["base", kind], 2), f"this_{kind}": round(best["this", kind], 2),
-                            f"speedup_{kind[:-3]}": round(best["base", kind] / best["this", kind], 2)}
+                        best[name] = {kind: min(best[name][kind], got[kind]) for kind in best[name]}
+                row = {"threads": threads, "march": args.march, "load": os.getloadavg()[0],
+                       "ms": {name: {kind: round(t, 2) for kind, t in b.items()} for name, b in best.items()}}
                 rows.append(row)
                 print(row, flush=True)
             rec["products"] = rows

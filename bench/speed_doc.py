@@ -99,17 +99,21 @@ def profile(r: dict[str, Any]) -> str:
 
 
 def kernel_builds(r: dict[str, Any]) -> str:
-    rows = [[str(x["threads"]), f"`-march={x['march']}`", f"{x['base_token_ms']:.1f} / {x['base_cpu_ms']:.1f}",
-             f"{x['this_token_ms']:.1f} / {x['this_cpu_ms']:.1f}",
-             f"**{x['speedup_token']:.2f}x** / **{x['speedup_cpu']:.2f}x**", f"{x['load']:.1f}"] for x in r["products"]]
-    base = r["products"][0]["base_commit"]
+    builds = r["builds"]
+    now = list(builds)[-1]  # (this tree: the last build)
+    rows = [[str(x["threads"]), f"`-march={x['march']}`"]
+            + [f"{x['ms'][name]['token_ms']:.1f} / {x['ms'][name]['cpu_ms']:.1f}"
+               + ("" if name == now else f" (**{x['ms'][name]['token_ms'] / x['ms'][now]['token_ms']:.2f}x** / "
+                                         f"**{x['ms'][name]['cpu_ms'] / x['ms'][now]['cpu_ms']:.2f}x**)")
+               for name in builds] + [f"{x['load']:.1f}"] for x in r["products"]]
+    said = "; ".join(f"{name}: {what}" for name, what in builds.items() if what)
     return ("quant.cpp's one-row products for one SmolLM2-135M token (its matrices' shapes and kinds, random "
-            f"blocks), two builds for the same instruction set side by side: commit {base}'s (the AVX2 path "
-            "reading one row and one block at a time) and this tree's (four rows, two blocks at a time), each in a "
-            "process of its own, taking turns; the best round of each. Wall time, and the CPU time the process "
-            "used (on a busy machine one thread's wall time is mostly the scheduler's share).\n\n"
-            + table(["threads", "built for", "before: ms wall / CPU", "now: ms wall / CPU", "speedup wall / CPU",
-                     "load"], rows))
+            "blocks), builds for the same instruction set side by side, each in a process of its own, taking "
+            f"turns; the best round of each. The commits' AVX2 paths read {said}; this tree's reads a row's "
+            "two blocks as one register and adds four rows' sums per block by unpacking. Wall time and the CPU time "
+            "the process used, in ms a token (on a busy machine one thread's wall time is mostly the scheduler's "
+            "share), and in brackets how many times this tree's each is.\n\n"
+            + table(["threads", "built for", *(f"{name}: ms wall / CPU" for name in builds), "load"], rows))
 
 
 def rounds(n: int, what: str = "round") -> str:
