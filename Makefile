@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo test test-slow test-fast lint typecheck bench saelens-venv cross llama-cpp
+.PHONY: all setup demo test test-slow test-avx2 test-fast lint typecheck bench saelens-venv cross llama-cpp
 
 all: demo
 
@@ -44,9 +44,21 @@ test: lint typecheck
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # the slow tier: every real-model comparison, compiled paths, subprocesses and training runs, a fresh install,
-# and every command of the README and docs as a newcomer types them (about an hour on 2 cores)
+# and every command of the README and docs as a newcomer types them (about an hour on 2 cores); then, on x86-64,
+# the default tier again as a CPU without AVX-512 runs it (test-avx2, below)
 test-slow: setup saelens-venv cross llama-cpp
 	$(BIN)/python -m pytest -q -m slow
+	@if [ "$$(uname -m)" = x86_64 ]; then $(MAKE) --no-print-directory test-avx2; fi
+
+# The default tier as an AVX2-only x86-64 CPU (an AMD Zen 1's flags) runs it, on any x86-64 machine: lumen deciding
+# by those flags and building its kernels for them (lumen/runtime/cpu.py), torch's own kernels held to AVX2 (ATen's
+# and torch.compile's code, oneDNN's, MKL's). The memory and clock stay this machine's. torch.compile's cache gets a
+# folder of its own: its keys do not hold the instruction set, and code it wrote for AVX-512, built again for AVX2,
+# computes half of each vector (wrong tokens).
+AVX2_ONLY := LUMEN_CPU_FLAGS="avx avx2 fma f16c" ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+  MKL_ENABLE_INSTRUCTIONS=AVX2 TORCHINDUCTOR_CACHE_DIR=$${TMPDIR:-/tmp}/lumen-inductor-avx2
+test-avx2: setup
+	$(AVX2_ONLY) $(BIN)/python -m pytest -q -m "not slow"
 
 # ARM64's kernels are tested under emulation: Debian's cross compiler and qemu-user (skipped, named, without them)
 cross:

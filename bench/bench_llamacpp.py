@@ -67,11 +67,12 @@ LUMEN = {  # contender: (weights, mode); --modes picks them by mode ("float": th
 }
 BEST = "llama.cpp, best of its formats and layouts"  # the anchor row: the best llama.cpp cell by cell
 BUILT = {"native": "native", "no-amx": "native without AMX", "avx2": "built for AVX2 only"}  # (llamacpp_native.BUILDS)
-# --stand-in avx2: an AVX2-only CPU's code on this one, both engines built for it (llama.cpp's "avx2" build; lumen's
-# block kernels built with -march=x86-64-v3, torch's own products held to AVX2); what torch.compile generates
-# still follows this CPU
-STAND_IN_ENV = {"LUMEN_BENCH_CFLAGS": "-O3 -march=x86-64-v3 -fopenmp", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# --stand-in avx2: an AVX2-only CPU's code on this one, both engines built for it (llama.cpp's "avx2" build; lumen
+# deciding by a Zen 1's flags and its block kernels built for them, torch's own kernels and what torch.compile
+# writes held to AVX2, in a compile cache of its own: the Makefile's AVX2_ONLY, which says why)
+STAND_IN_ENV = {"LUMEN_CPU_FLAGS": "avx avx2 fma f16c", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                "TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / "lumen-inductor-avx2")}
 
 
 def node_llama(where: Path) -> Path | None:

@@ -13,7 +13,6 @@ llama-bench's pp, its keys and values cached and its last position's logits). Pr
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import warnings
@@ -31,10 +30,6 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     import torch
 
-    if os.environ.get("LUMEN_BENCH_CFLAGS"):  # (bench_llamacpp --stand-in: the kernels built for another CPU)
-        from lumen.fast import kernels
-
-        kernels.CFLAGS = [*os.environ["LUMEN_BENCH_CFLAGS"].split(), *kernels.ahead_flags()]  # (this CPU's distance)
     from lumen import decode, fast
     from lumen.decode import GREEDY
     from lumen.fast.decoding import frozen

@@ -184,5 +184,8 @@ def test_bf16_decoding_on_an_avx2_only_cpu_takes_the_plain_product(monkeypatch):
         assert torch.equal(wing.generate(model, x, 16, temperature=0), want)
     assert not any(isinstance(m, FastLinear) for m in model.modules())
     monkeypatch.setenv("LUMEN_CPU_FLAGS", ZEN1 + " avx512bw avx512vl avx512dq")
-    with pytest.raises(RuntimeError, match="bf16 path needs"):  # the same CPU with them would pack
-        wing.generate(model, x, 2, temperature=0)
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        with pytest.raises(RuntimeError, match="bf16 path needs"):  # the same CPU with them would pack
+            wing.generate(model, x, 2, temperature=0)
+    else:  # oneDNN itself has no bf16 kernels here (an AVX2-only CPU): flags that claim them do not make it pack
+        assert torch.equal(wing.generate(model, x, 16, temperature=0), want)

@@ -138,13 +138,13 @@ def options(model: GPT) -> dict:
 def package_path(model: GPT, batch: int, slots: int) -> Path:
     """Where the step of this model's shape, batch and cache size is kept: keyed by everything its code
     follows from (the modules and their tensors' shapes, the sources of their code: `step_sources`, torch's
-    version, the CPU)."""
+    version, the CPU and the instructions torch writes code for: ATEN_CPU_CAPABILITY may hold them below it)."""
     h = hashlib.sha256()
     for path in step_sources(model):
         h.update(path.read_bytes())
     tensors = [(n, tuple(t.shape), str(t.dtype)) for n, t in _tensors(OneTokenStep(model)).items()]
     for part in (repr(model), repr(model.cfg), repr(tensors), f"{batch} {slots}", torch.__version__,
-                 kernels.cpu_flags(), repr(sorted(options(model).items()))):
+                 kernels.cpu_flags(), torch.backends.cpu.get_cpu_capability(), repr(sorted(options(model).items()))):
         h.update(part.encode())
     return cache_dir() / "steps" / f"step-{h.hexdigest()[:16]}.pt2"
 

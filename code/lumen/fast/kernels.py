@@ -118,17 +118,26 @@ def ahead_flags() -> list[str]:
     return [] if ahead is None else [f"-DLUMEN_AHEAD_BYTES={ahead}"]
 
 
+def march() -> list[str]:
+    """The instructions to build for: this CPU's own (-march=native), or, where $LUMEN_CPU_FLAGS names an x86-64
+    CPU without AVX-512 (lumen.runtime.cpu: lumen deciding as on such a CPU), the AVX2 level such a CPU has
+    (-march=x86-64-v3, with AVX-VNNI where named): the kernels it would run, run here."""
+    if os.environ.get(cpu.OVERRIDE) is None or cpu.arch() != "x86_64" or cpu.has("avx512f", "avx512bw", "avx512_vnni"):
+        return ["-march=native"]
+    return ["-march=x86-64-v3", *(["-mavxvnni"] if cpu.has("avx_vnni") else [])]
+
+
 # OpenMP too: ATen's parallel_for is written in its headers as an OpenMP loop, so a kernel built without it
 # runs every row on one thread whatever torch.set_num_threads says
-CFLAGS = ["-O3", "-march=native", "-fopenmp", *ahead_flags()]
+CFLAGS = ["-O3", *march(), "-fopenmp", *ahead_flags()]
 
 _library: bool | None = None  # not yet tried, built and loaded, or unavailable here
 
 
 def load() -> bool:
-    """Whether the library is loaded: built the first time on this machine (g++ and ninja, -march=native:
-    x86-64 with AVX2 and FMA, or ARM64 with NEON; ~30 s) into the lumen cache, keyed by the sources, torch's
-    version and the CPU; tried once a process."""
+    """Whether the library is loaded: built the first time on this machine (g++ and ninja, -march=native, or
+    `march`'s: x86-64 with AVX2 and FMA, or ARM64 with NEON; ~30 s) into the lumen cache, keyed by the sources,
+    the flags, torch's version and the CPU; tried once a process."""
     global _library
     if _library is None:
         _library = _load()

@@ -10,8 +10,9 @@ lacks raises, mid-run, an error that names an instruction set the user never hea
     >>> cpu.onednn_bf16()                        # oneDNN's bf16 kernels run here   # doctest: +SKIP
     True
 
-LUMEN_CPU_FLAGS="avx2 fma" makes lumen's decisions as on a CPU with only those flags (the machine's own code,
--march=native, still runs): how a test exercises an AVX2-only machine's choices on any machine.
+LUMEN_CPU_FLAGS="avx2 fma" makes lumen's decisions as on a CPU with only those flags, its block kernels built
+for such a CPU too (lumen.fast.kernels.march): how a test exercises an AVX2-only machine's choices on any machine
+(`make test-avx2` holds torch's own kernels to AVX2 as well).
 """
 
 from __future__ import annotations
