@@ -248,6 +248,9 @@ def main() -> None:
         if args.base:
             (Path(tmp) / "base").mkdir()
             code = base_code(args.base, Path(tmp) / "base")
+            if args.stand_in and "def march(" not in (code / "lumen/fast/kernels.py").read_text():
+                raise SystemExit(f"bench: --base {args.base} builds its kernels for this CPU whatever LUMEN_CPU_FLAGS "
+                                 "says (kernels.march came later): drop --base with --stand-in, or name a later commit")
             before[f"lumen --weights gguf, AOTInductor, before ({args.base})"] = code
         for name, (weights, mode) in LUMEN.items():
             if (mode if weights == "gguf" else "float") not in modes:
