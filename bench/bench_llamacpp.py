@@ -36,6 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import AVX2_STAND_IN
 from llamacpp_native import llama_bench, requantized
 from results import Record
 from rss import run_peak
@@ -67,12 +68,8 @@ LUMEN = {  # contender: (weights, mode); --modes picks them by mode ("float": th
 }
 BEST = "llama.cpp, best of its formats and layouts"  # the anchor row: the best llama.cpp cell by cell
 BUILT = {"native": "native", "no-amx": "native without AMX", "avx2": "built for AVX2 only"}  # (llamacpp_native.BUILDS)
-# --stand-in avx2: an AVX2-only CPU's code on this one, both engines built for it (llama.cpp's "avx2" build; lumen
-# deciding by a Zen 1's flags and its block kernels built for them, torch's own kernels and what torch.compile
-# writes held to AVX2, in a compile cache of its own: the Makefile's AVX2_ONLY, which says why)
-STAND_IN_ENV = {"LUMEN_CPU_FLAGS": "avx avx2 fma f16c", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-                "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                "TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / "lumen-inductor-avx2")}
+# --stand-in avx2: an AVX2-only CPU's code on this one, both engines built for it (llama.cpp's "avx2" build;
+# lumen in common.AVX2_STAND_IN's process)
 
 
 def node_llama(where: Path) -> Path | None:
@@ -130,7 +127,7 @@ def lumen(weights: str, mode: str, threads: list[int], args: argparse.Namespace,
           depths: list[int] | None = None) -> dict:
     """One lumen contender's run, in its own process, with lumen's code from `code` (this tree's, or --base's)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]),
-               **(STAND_IN_ENV if args.stand_in else {}))
+               **(AVX2_STAND_IN if args.stand_in else {}))
     out, _ = run_peak([sys.executable, str(HERE / "lumen_decode.py"), weights, mode, ",".join(map(str, threads)),
                        str(args.tokens), str(args.prompt), ",".join(map(str, depths or args.depths))], env)
     result = json.loads(out.splitlines()[-1])

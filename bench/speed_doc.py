@@ -215,6 +215,29 @@ def nanogpt(r: dict[str, Any]) -> str:
             + table(["run", "steps", "tokens seen", "held-out nats/char"], rows))
 
 
+def train_isa(r: dict[str, Any]) -> str:
+    cell = {(x["isa"], x["contender"], x["threads"]): x for x in r["rows"]}
+    isas, threads = r["isas"], r["threads"]
+    names = {"native": "this CPU's instructions", "avx2": "AVX2 only"}
+
+    def one(x: dict) -> str:
+        text = f"{1e3 * x['seconds']:,.1f} ms ({x['tokens'] / x['seconds']:,.0f} tok/s)"
+        return f"**{text}**" if x.get("main_jobs_dtype") else text
+
+    rows = [[what] + [one(cell[(i, c, t)]) for i in isas for t in threads]
+            + [f"{cell[(isas[-1], c, t)]['seconds'] / cell[(isas[0], c, t)]['seconds']:.2f}x" for t in threads]
+            for c, what in r["contenders"].items()]
+    return ("A training step of the main job (`make`: its model, batch, optimizer and compiled step, as "
+            "`lumen train --preset shakespeare` takes it) and of nanoGPT's CPU recipe (its README's, on random "
+            "tokens), each in a process of its own, on this CPU's instructions and held to AVX2 as an AVX2-only CPU "
+            "runs them (`common.AVX2_STAND_IN`: lumen's choices, torch's kernels and torch.compile's code); "
+            f"medians of {r['steps']} steps, the best of {rounds(r['rounds'])} taking turns. In bold, the dtype the "
+            "main job chooses there (`dtype = \"auto\"`: bf16 autocast only where the CPU computes bf16 natively). "
+            "The last columns: how many times longer a step takes on AVX2 only.\n\n"
+            + table(["step"] + [f"{names.get(i, i)}, {t} thread{'s' * (t > 1)}" for i in isas for t in threads]
+                    + [f"AVX2 only / this CPU, {t}t" for t in threads], rows))
+
+
 def speedrun(r: dict[str, Any]) -> str:
     rows, before = [], None
     for x in r["rows"]:
@@ -276,7 +299,8 @@ def features(r: dict[str, Any]) -> str:
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "llamacpp": llamacpp, "llamacpp_avx2": llamacpp,
     "profile": profile, "smollm2": smollm2, "train": train, "contention": contention,
-    "nanogpt": nanogpt, "speedrun": speedrun, "kernel_builds": kernel_builds, "features": features}
+    "nanogpt": nanogpt, "train_isa": train_isa, "speedrun": speedrun, "kernel_builds": kernel_builds,
+    "features": features}
 SCRIPT = {"llamacpp": "bench_llamacpp.py",
           "profile": "profile_decode.py", "smollm2": "bench_smollm2.py",
           "train": "bench_train.py", "contention": "bench_contention.py", "speedrun": "speedrun.py",
@@ -284,6 +308,7 @@ SCRIPT = {"llamacpp": "bench_llamacpp.py",
 # what fills a section that never ran here
 COMMAND = {name: f"`.venv/bin/python bench/{script}`" for name, script in SCRIPT.items()} | {
     "llamacpp_avx2": "`.venv/bin/python bench/bench_llamacpp.py --stand-in avx2`",
+    "train_isa": "`.venv/bin/python bench/vs_nanogpt.py isa NANOGPT` (a clone of nanoGPT)",
     "nanogpt": ("the three steps in bench/vs_nanogpt.py's docstring (clone nanoGPT, export lumen's split, train "
                 "it five minutes, then `.venv/bin/python bench/vs_nanogpt.py eval NANOGPT NANOGPT/out-lumen "
                 "runs/shakespeare`)"),

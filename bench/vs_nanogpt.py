@@ -11,15 +11,25 @@ lumen: clone it anywhere (github.com/karpathy/nanoGPT) and point this script at 
     # 3. both models through one evaluator: every token of the held-out works, nats per character
     .venv/bin/python bench/vs_nanogpt.py eval NANOGPT NANOGPT/out-lumen runs/shakespeare
 
-`eval` writes its table to docs/speed/nanogpt.json (bench/results.py), which bench/speed_doc.py renders into
-docs/speed.md.
+and, to tell the machine from lumen when the main job runs slower on one CPU than on another: the main job's step
+and nanoGPT's CPU recipe's step, each in a process of its own, on this CPU's instruction set and as an AVX2-only
+CPU runs them (common.AVX2_STAND_IN), taking turns:
+
+    .venv/bin/python bench/vs_nanogpt.py isa NANOGPT
+
+`eval` and `isa` write their tables to docs/speed/nanogpt.json and train_isa.json (bench/results.py), which
+bench/speed_doc.py renders into docs/speed.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import pickle
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,8 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import AVX2_STAND_IN  # (this script's folder is on sys.path)
 from lumen.data import TokenData, prepare
-from results import Record  # bench/results.py (this script's folder is on sys.path)
+from results import Record
 
 
 def export(out: Path) -> None:
@@ -130,6 +141,95 @@ def speed(repo: Path, rounds: int = 4, steps: int = 3) -> None:
         print(f"{name:<14}{tps:>8,.0f} tokens/s   five minutes = {300 * tps / (B * T):,.0f} steps of {B * T:,} tokens")
 
 
+# nanoGPT's README's recipe for a CPU ("I only have a macbook"): 4x128, context 64, batch 12, fp32, not compiled
+RECIPE = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12, "vocab_size": 65}
+CONTENDERS = {"nanogpt": "nanoGPT's CPU recipe (4x128, 12 x 64 tokens, fp32, eager)",
+              "lumen-float32": "lumen's main job (4x128, 16 x 128 tokens, compiled), fp32",
+              "lumen-bfloat16": "lumen's main job, bf16 autocast",
+              "lumen-float32-bf16-muon": "lumen's main job, fp32, Muon's products as bf16 products (before 2026-12-05)"}
+
+
+def step_time(contender: str, repo: Path | None, threads: int, steps: int) -> dict:
+    """One contender's training step in this process: the median of `steps` timed steps after five that warm
+    up (and compile), in seconds, with its tokens."""
+    torch.set_num_threads(threads)
+    if contender == "nanogpt":
+        assert repo is not None
+        GPT, GPTConfig = nanogpt(repo)
+        r = RECIPE
+        model = GPT(GPTConfig(block_size=r["block_size"], vocab_size=r["vocab_size"], n_layer=r["n_layer"],
+                              n_head=r["n_head"], n_embd=r["n_embd"], dropout=0.0, bias=False))
+        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+        shape = (r["batch_size"], r["block_size"])
+
+        def one() -> None:
+            x, y = torch.randint(0, r["vocab_size"], shape), torch.randint(0, r["vocab_size"], shape)
+            model(x, y)[1].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return {"seconds": _median_step(one, steps), "tokens": shape[0] * shape[1]}
+    from lumen.train.config import load_config
+    from lumen.train.loop import Trainer
+    from lumen.train.machine import run_settings, use_bf16
+
+    dtype = contender.removeprefix("lumen-").removesuffix("-bf16-muon")
+    if contender.endswith("-bf16-muon"):  # Newton-Schulz's products as torch's bf16 products, whatever the CPU
+        from lumen.train import optim
+
+        optim.orthogonalize = functools.partial(optim.orthogonalize, bf16_products=True)
+    cfg, model_cfg = load_config(preset="shakespeare", sets=["time_budget=0", "save=false", "progress=false",
+                                                             f"dtype={dtype}", f"threads={threads}"])
+    with run_settings(cfg):
+        trainer = Trainer(cfg, model_cfg, None)
+        return {"seconds": _median_step(trainer.train_step, steps), "tokens": cfg.windows_per_step * trainer.T,
+                # (the step `make` takes here: the dtype "auto" chooses, Muon's products as optim chooses)
+                "main_jobs_dtype": use_bf16("auto", trainer.device) == (dtype == "bfloat16")
+                and not contender.endswith("-bf16-muon")}
+
+
+def _median_step(one, steps: int) -> float:
+    for _ in range(5):
+        one()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        one()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def isa(repo: Path, rounds: int, steps: int, threads: list[int]) -> None:
+    """Each contender's step on this CPU's instruction set and on AVX2 only, each in a process of its own,
+    taking turns; the best round of each."""
+    if not (repo / "model.py").exists():
+        print(f"vs_nanogpt.py: {repo} holds no nanoGPT (no model.py); clone github.com/karpathy/nanoGPT there",
+              file=sys.stderr)
+        sys.exit(2)
+    isas = {"native": {}, "avx2": AVX2_STAND_IN}
+    best: dict[tuple[str, str, int], dict] = {}
+    with Record("train_isa") as rec:
+        for r in range(rounds):
+            for name, env in isas.items():
+                for contender in CONTENDERS:
+                    for t in threads:
+                        out = subprocess.run(
+                            [sys.executable, __file__, "step", contender, "--nanogpt", str(repo), "--threads", str(t),
+                             "--steps", str(steps)], env=os.environ | env, capture_output=True, text=True)
+                        if out.returncode:
+                            sys.exit(f"{contender} ({name}, {t} threads) failed:\n{out.stderr[-2000:]}")
+                        got = json.loads(out.stdout.splitlines()[-1])
+                        key = (name, contender, t)
+                        if key not in best or got["seconds"] < best[key]["seconds"]:
+                            best[key] = got
+                        print(f"round {r + 1}: {name:<6} {contender:<15} {t} thread(s): "
+                              f"{1e3 * got['seconds']:7.1f} ms a step, {got['tokens'] / got['seconds']:8,.0f} tok/s",
+                              file=sys.stderr)
+        rec.update(rounds=rounds, steps=steps, threads=threads, contenders=CONTENDERS, isas=list(isas), rows=[
+            {"isa": i, "contender": c, "threads": t, **best[(i, c, t)]} for (i, c, t) in best])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -139,8 +239,22 @@ def main() -> None:
     ev = sub.add_parser("eval")
     for name in ("nanogpt", "ckpt_dir", "run_dir"):
         ev.add_argument(name, type=Path)
+    ia = sub.add_parser("isa")
+    ia.add_argument("nanogpt", type=Path)
+    ia.add_argument("--rounds", type=int, default=3)
+    ia.add_argument("--steps", type=int, default=20, help="steps timed in each process (default 20)")
+    ia.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
+    st = sub.add_parser("step")  # one contender's step, in its own process (isa runs it)
+    st.add_argument("contender", choices=list(CONTENDERS))
+    st.add_argument("--nanogpt", type=Path)
+    st.add_argument("--threads", type=int, default=1)
+    st.add_argument("--steps", type=int, default=20)
     args = p.parse_args()
-    if args.cmd == "export":
+    if args.cmd == "isa":
+        isa(args.nanogpt, args.rounds, args.steps, [int(t) for t in args.threads.split(",")])
+    elif args.cmd == "step":
+        print(json.dumps(step_time(args.contender, args.nanogpt, args.threads, args.steps)))
+    elif args.cmd == "export":
         export(args.out)
     elif args.cmd == "speed":
         speed(args.nanogpt)

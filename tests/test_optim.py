@@ -8,8 +8,8 @@ import torch
 
 from lumen import GPT, ModelConfig
 from lumen.errors import ConfigError
-from lumen.train import TrainConfig
-from lumen.train.optim import MuonAdamW, StackedMuon, lr_at, make_optimizer, set_lr
+from lumen.train import TrainConfig, optim
+from lumen.train.optim import MuonAdamW, StackedMuon, lr_at, make_optimizer, orthogonalize, set_lr
 
 
 def small() -> GPT:
@@ -107,11 +107,17 @@ def test_bad_optimizer_settings_are_config_errors():
         TrainConfig(muon_ns_steps=0)
 
 
+@pytest.mark.parametrize("bf16_products", [True, False], ids=["bf16-products", "float32-products"])
 @pytest.mark.parametrize("ns_steps", [5, 3])
-def test_stacked_muon_takes_torch_muons_steps(ns_steps):
+def test_stacked_muon_takes_torch_muons_steps(ns_steps, bf16_products, monkeypatch):
     """StackedMuon (one Newton-Schulz per stack of same-shape matrices) against torch.optim.Muon itself, one
     matrix at a time: the same weights after several steps of momentum, weight decay and a tall, a wide and a
-    square matrix (to bfloat16's rounding of the update), and the same momentum buffers."""
+    square matrix (to bfloat16's rounding of the update), and the same momentum buffers. Both ways of taking
+    the bf16 products: as bf16 products, and as float32 products of the same bf16 numbers, rounded (what a CPU
+    without oneDNN's bf16 kernels takes)."""
+    if bf16_products and not optim.cpu.onednn_bf16():
+        pytest.skip("bf16 products as bf16: this CPU has no oneDNN bf16 kernels (avx512bw/vl/dq or avx_ne_convert)")
+    monkeypatch.setattr(optim.cpu, "onednn_bf16", lambda: bf16_products)
     shapes = [(24, 24), (24, 24), (96, 24), (24, 96), (96, 24)]
     gen = torch.Generator().manual_seed(0)
     start = [torch.randn(s, generator=gen) * 0.02 for s in shapes]
@@ -131,3 +137,23 @@ def test_stacked_muon_takes_torch_muons_steps(ns_steps):
         torch.testing.assert_close(a, b, rtol=0, atol=4 * 0.02 * 2 * 2**-8)
         assert (a - w).abs().max() > 0.01
         torch.testing.assert_close(stacked.state[a]["momentum_buffer"], reference.state[b]["momentum_buffer"])
+
+
+def test_newton_schulz_in_float32_products_is_the_bf16_one():
+    """The float32 products of bf16 numbers, each rounded to bf16, against bf16 products (torch's, whatever
+    kernel this CPU has): each product alone is the same to the order of its sums, and the five iterations
+    amplify those last-bit differences to a few bf16 steps at most; both orthogonalize (singular values pushed
+    into the polynomial's band around 1, from a spread of 10)."""
+    gen = torch.Generator().manual_seed(0)
+    u, v = (torch.linalg.qr(torch.randn(2, n, n, generator=gen))[0] for n in (96, 256))
+    g = u @ torch.diag_embed(torch.logspace(0, 1, 96)).expand(2, 96, 96) @ v[:, :96]  # singular values 1 to 10
+    coefficients = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's
+    ours = orthogonalize(g, coefficients, 5, 1e-7, bf16_products=False)
+    theirs = orthogonalize(g, coefficients, 5, 1e-7, bf16_products=True)
+    assert ours.dtype == theirs.dtype == torch.bfloat16
+    scale = theirs.float().abs().max()
+    assert (ours.float() - theirs.float()).abs().max() <= 4 * 2**-8 * scale
+    for x in (ours, theirs):
+        s = torch.linalg.svdvals(x.double())
+        assert s.min() > 0.5 and s.max() < 1.3
+    assert torch.linalg.svdvals(g.double()).max() / torch.linalg.svdvals(g.double()).min() > 9.9

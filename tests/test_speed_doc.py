@@ -137,6 +137,29 @@ def test_the_speedrun_table_is_its_json(tmp_path):
     assert numbers(body[1][8]) == [round(abs(1.3987 - 1.4521), 3)] and body[1][8].startswith("-")
 
 
+def test_the_instruction_set_table_is_its_json(tmp_path):
+    contenders = {"nanogpt": "nanoGPT", "lumen-float32": "lumen fp32", "lumen-bfloat16": "lumen bf16"}
+    secs = {("native", "nanogpt"): 0.010, ("avx2", "nanogpt"): 0.025, ("native", "lumen-float32"): 0.08,
+            ("avx2", "lumen-float32"): 0.6, ("native", "lumen-bfloat16"): 0.05, ("avx2", "lumen-bfloat16"): 3.0}
+    with results.Record("train_isa", tmp_path) as rec:
+        rec.update(rounds=2, steps=20, threads=[1, 2], contenders=contenders, isas=["native", "avx2"], rows=[
+            {"isa": i, "contender": c, "threads": t, "seconds": s * (1.5 if t == 1 else 1.0),
+             "tokens": 768 if c == "nanogpt" else 2048,
+             **({} if c == "nanogpt" else {"main_jobs_dtype": (c == "lumen-bfloat16") == (i == "native")})}
+            for (i, c), s in secs.items() for t in (1, 2)])
+    body = rows(section(speed_doc.render(marked("train_isa"), tmp_path), "train_isa"))
+    assert [r[0] for r in body] == list(contenders.values())
+    for r, c in zip(body, contenders):
+        cells = {(i, t): r[1 + 2 * k + (t - 1)] for k, i in enumerate(("native", "avx2")) for t in (1, 2)}
+        for (i, t), cell in cells.items():
+            s = secs[(i, c)] * (1.5 if t == 1 else 1.0)
+            tokens = 768 if c == "nanogpt" else 2048
+            assert numbers(cell) == [round(1e3 * s, 1), round(tokens / s)]
+            # bold: the dtype the main job itself takes on that instruction set (bf16 natively here, fp32 on AVX2)
+            assert cell.startswith("**") == (c != "nanogpt" and (c == "lumen-bfloat16") == (i == "native"))
+        assert numbers(r[5]) == numbers(r[6]) == [round(secs[("avx2", c)] / secs[("native", c)], 2)]
+
+
 def test_a_bench_that_never_ran_says_which_command_fills_it(tmp_path):
     page = speed_doc.render(marked(*speed_doc.RENDER), tmp_path)  # an empty results folder
     for name in speed_doc.RENDER:
@@ -147,6 +170,7 @@ def test_a_bench_that_never_ran_says_which_command_fills_it(tmp_path):
             assert (BENCH / speed_doc.SCRIPT[name]).is_file()
     assert "bench/vs_nanogpt.py eval" in section(page, "nanogpt")
     assert "bench/bench_llamacpp.py --stand-in avx2`" in section(page, "llamacpp_avx2")
+    assert "bench/vs_nanogpt.py isa NANOGPT`" in section(page, "train_isa")
 
 
 def test_a_failed_bench_writes_nothing(tmp_path):

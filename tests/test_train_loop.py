@@ -15,6 +15,7 @@ from lumen import GPT
 from lumen.data import prepare
 from lumen.formats import checkpoint as ckpt
 from lumen.formats import load
+from lumen.runtime import cpu
 from lumen.train import TrainingError, load_config, train
 from lumen.train.loop import training_attention
 
@@ -151,6 +152,23 @@ def test_bf16_run_samples_through_the_kv_cache(data):
     r = train(cfg, m, data=data)
     (sample,) = [rec["sample"] for rec in r.history if "sample" in rec]
     assert sample.startswith("ROMEO:") and len(sample) == len("ROMEO:") + 8  # char tokenizer: one char a token
+
+
+@pytest.mark.parametrize("flags", ["avx avx2 fma", "avx2 avx512f avx512bw avx512vl avx512dq avx512_bf16"])
+def test_bf16_asked_for_without_bf16_arithmetic_says_so(data, flags, monkeypatch, capsys):
+    """bf16 on a CPU without bf16 instructions (an AVX2-only x86, or an AVX-512 one before AVX512-BF16) runs every
+    product converted in software, far slower than fp32: the run says so where it says bf16, and "auto" trains
+    in fp32 there; on a CPU with them it says nothing of it."""
+    monkeypatch.setenv(cpu.OVERRIDE, flags)
+    native = "avx512_bf16" in flags
+    onednn = not torch.backends.mkldnn.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported()  # (CPUID's say)
+    for dtype in ("bfloat16", "auto"):
+        cfg, m = tiny(None, "steps=1", "progress=true", "eval_interval=1000", "sample_tokens=0", f"dtype={dtype}")
+        train(cfg, m, data=data)
+        said = capsys.readouterr().err
+        warned = "this CPU has no bf16 arithmetic" in said
+        assert warned == (dtype == "bfloat16" and not native), said
+        assert ("bf16 autocast on cpu" in said) == (dtype == "bfloat16" or native and onednn)
 
 
 def test_dropout_and_other_model_choices_reach_the_model(data):

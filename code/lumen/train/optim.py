@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..runtime import cpu
+
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 
@@ -111,19 +113,32 @@ class StackedMuon(torch.optim.Muon):
 
 
 def orthogonalize(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
-                  eps: float) -> torch.Tensor:
+                  eps: float, bf16_products: bool | None = None) -> torch.Tensor:
     """Newton-Schulz on a stack of matrices (n, rows, cols): each scaled to a norm of 1 (so no singular
     value exceeds 1), then `steps` times X <- aX + (bA + cA^2)X with A = XX^T, a polynomial that pushes every
-    singular value toward 1 and leaves the singular vectors: nearly the orthogonal matrix nearest to each."""
+    singular value toward 1 and leaves the singular vectors: nearly the orthogonal matrix nearest to each.
+
+    In bfloat16, as torch.optim.Muon defines it. bf16_products: whether the products run as bf16 products
+    (default: where they are fast, a GPU or a CPU with oneDNN's bf16 kernels); otherwise the same bf16 numbers
+    multiply in float32 and each result is rounded to bf16, as a bf16 product's is (its sums are float32 too).
+    On a CPU without those kernels (an AVX2-only x86) torch's bf16 product is a plain loop, ~150x slower."""
+    if bf16_products is None:
+        bf16_products = g.device.type != "cpu" or cpu.onednn_bf16()
+    work = torch.bfloat16 if bf16_products else torch.float32
+
+    def bf16(t: torch.Tensor) -> torch.Tensor:  # the numbers bf16 holds, in the dtype the products run in
+        return t.bfloat16().to(work)
+
     a, b, c = coefficients
-    x = g.bfloat16()
+    x = bf16(g)
     tall = g.size(-2) > g.size(-1)
     if tall:  # the wide side: A = XX^T is the smaller square
         x = x.mT
-    x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
+    x = bf16(x / bf16(torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)).clamp(min=eps))
     for _ in range(steps):
-        gram = x @ x.mT
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        gram = bf16(x @ x.mT)
+        x = bf16(torch.baddbmm(x, bf16(torch.baddbmm(gram, gram, gram, beta=b, alpha=c)), x, beta=a))
+    x = x.bfloat16()
     return x.mT if tall else x
 
 
