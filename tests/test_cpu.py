@@ -97,3 +97,20 @@ def test_bf16_generation_on_an_emulated_avx2_cpu(smollm2_gguf):
         assert "capability AVX2" in done.stdout, done.stdout + done.stderr[-3000:]  # PyTorch sees no AVX-512
         assert done.returncode == 0 and "internal error" not in done.stderr, done.stderr[-3000:]
         assert done.stdout.splitlines()[1:] == native.stdout.splitlines()
+
+
+@pytest.mark.parametrize("flags", ["avx avx2 fma", "avx2 avx512f avx512bw avx512vl avx512dq avx512_bf16"])
+def test_a_model_loaded_in_bf16_without_bf16_arithmetic_says_so(flags, tmp_path, monkeypatch, capsys):
+    """The CLI's tools load a model in bfloat16 when asked; on a CPU without bf16 instructions its products of many
+    rows are emulated, several times slower than float32, and the tool says so in one line (and loads it)."""
+    from helpers.runs import tiny_run
+    from lumen.cli.models import load_model
+
+    run = tiny_run(tmp_path) / "run"
+    monkeypatch.setenv(cpu.OVERRIDE, flags)
+    model = load_model(str(run), "bfloat16").model
+    said = capsys.readouterr().err
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert said.count("this CPU has no bf16 arithmetic") == ("avx512_bf16" not in flags), said
+    load_model(str(run), "float32")
+    assert "bf16" not in capsys.readouterr().err

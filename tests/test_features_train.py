@@ -157,8 +157,11 @@ def test_the_sparse_topk_decoding_and_auxk_are_their_formulas(tiny):
     assert float(parts["aux"]) == pytest.approx(float(want), rel=1e-4)
 
 
-def test_the_command_trains_a_dictionary_that_lumen_features_reads(tiny, tmp_path, capsys):
+def test_the_command_trains_a_dictionary_that_lumen_features_reads(tiny, tmp_path, capsys, monkeypatch):
     from lumen.cli import main
+    from lumen.runtime import cpu
+
+    monkeypatch.setenv(cpu.OVERRIDE, "avx avx2 fma")  # a CPU without bf16 arithmetic: --dtype auto reads in float32
 
     root, _, _ = tiny
 
@@ -170,10 +173,10 @@ def test_the_command_trains_a_dictionary_that_lumen_features_reads(tiny, tmp_pat
     common = ["--corpus", str(root / "corpus"), "--seq-len", "32", "-q"]
     code, out, err = lumen("train", str(root / "run"), "--site", SITE, "--k", "4", "--width", "4x", "--tokens", "256",
                            "--batch", "32", "--buffer-tokens", "64", "--eval-interval", "4", "--eval-tokens", "64",
-                           "--report-windows", "2", "--dtype", "float32", "--out", str(tmp_path / "out"), "--json",
-                           *common)
+                           "--report-windows", "2", "--out", str(tmp_path / "out"), "--json", *common)
     assert code == 0, err
     report = json.loads(out)
+    assert report["dtype"] == "float32"
     assert report["steps"] == 8 and report["l0"] <= 4 and 0 < report["fvu"] and report["site"] == SITE
     cfg = json.loads((tmp_path / "out" / FINAL / "cfg.json").read_text())
     assert cfg["architecture"] == "topk" and cfg["k"] == 4 and cfg["d_sae"] == 128
