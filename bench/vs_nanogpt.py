@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import pickle
-import statistics
 import subprocess
 import sys
 import time
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import AVX2_STAND_IN  # (this script's folder is on sys.path)
+from common import AVX2_STAND_IN, timed  # (this script's folder is on sys.path)
 from lumen.data import TokenData, prepare
 from results import Record
 
@@ -190,14 +190,9 @@ def step_time(contender: str, repo: Path | None, threads: int, steps: int) -> di
 
 
 def _median_step(one, steps: int) -> float:
-    for _ in range(5):
+    for _ in range(5):  # (the first compile and warm the caches)
         one()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        one()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return timed(one, steps)[0]
 
 
 def isa(repo: Path, rounds: int, steps: int, threads: list[int]) -> None:
@@ -210,22 +205,18 @@ def isa(repo: Path, rounds: int, steps: int, threads: list[int]) -> None:
     isas = {"native": {}, "avx2": AVX2_STAND_IN}
     best: dict[tuple[str, str, int], dict] = {}
     with Record("train_isa") as rec:
-        for r in range(rounds):
-            for name, env in isas.items():
-                for contender in CONTENDERS:
-                    for t in threads:
-                        out = subprocess.run(
-                            [sys.executable, __file__, "step", contender, "--nanogpt", str(repo), "--threads", str(t),
-                             "--steps", str(steps)], env=os.environ | env, capture_output=True, text=True)
-                        if out.returncode:
-                            sys.exit(f"{contender} ({name}, {t} threads) failed:\n{out.stderr[-2000:]}")
-                        got = json.loads(out.stdout.splitlines()[-1])
-                        key = (name, contender, t)
-                        if key not in best or got["seconds"] < best[key]["seconds"]:
-                            best[key] = got
-                        print(f"round {r + 1}: {name:<6} {contender:<15} {t} thread(s): "
-                              f"{1e3 * got['seconds']:7.1f} ms a step, {got['tokens'] / got['seconds']:8,.0f} tok/s",
-                              file=sys.stderr)
+        for r, name, contender, t in itertools.product(range(rounds), isas, CONTENDERS, threads):
+            out = subprocess.run([sys.executable, __file__, "step", contender, "--nanogpt", str(repo), "--threads",
+                                  str(t), "--steps", str(steps)], env=os.environ | isas[name], capture_output=True,
+                                 text=True)
+            if out.returncode:
+                sys.exit(f"{contender} ({name}, {t} threads) failed:\n{out.stderr[-2000:]}")
+            got = json.loads(out.stdout.splitlines()[-1])
+            key = (name, contender, t)
+            if key not in best or got["seconds"] < best[key]["seconds"]:
+                best[key] = got
+            print(f"round {r + 1}: {name:<6} {contender:<15} {t} thread(s): {1e3 * got['seconds']:7.1f} ms a step, "
+                  f"{got['tokens'] / got['seconds']:8,.0f} tok/s", file=sys.stderr)
         rec.update(rounds=rounds, steps=steps, threads=threads, contenders=CONTENDERS, isas=list(isas), rows=[
             {"isa": i, "contender": c, "threads": t, **best[(i, c, t)]} for (i, c, t) in best])
 

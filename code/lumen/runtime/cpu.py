@@ -125,3 +125,12 @@ def onednn_bf16() -> bool:
 def native_bf16() -> bool:
     """Whether the CPU computes bf16 products natively (AVX512-BF16 or AMX; ARM's bf16): where bf16 pays."""
     return has("avx512_bf16") or has("amx_bf16") or (arch() == "aarch64" and has("bf16"))
+
+
+def emulated_bf16() -> str | None:
+    """What a command that computes in bf16 says on a CPU without bf16 arithmetic (its many-row products
+    converted in software, several times slower than float32: docs/speed.md); None where the CPU has it."""
+    if native_bf16():
+        return None
+    return ("this CPU has no bf16 arithmetic (AVX512-BF16 or AMX): bf16 products of many rows (a training batch, "
+            "a prompt, a batch of text) are emulated here, several times slower than float32")

@@ -410,17 +410,14 @@ class Trainer(Loop):
     # -----------------------------------------------------------------------------------------
     def banner(self, tokens_per_step: int) -> str:
         n = sum(p.numel() for p in self.raw.parameters())
+        emulated = cpu.emulated_bf16() if self.bf16 and self.device.type == "cpu" else None
         return (f"lumen train: {n / 1e6:.2f}M parameters, {self.tokenizer.kind} tokenizer "
                 f"({self.tokenizer.vocab_size} tokens), {tokens_per_step:,} tokens/step, "
                 f"{'bf16 autocast' if self.bf16 else 'fp32'} on {self.device}"
                 f"{f' x {self.dist.world} processes ({self.cfg.parallel})' if self.dist.active else ''}"
                 + (", compiled (the first step compiles: ~30 s on a new machine, then cached)"
                    if self.cfg.compile else "")
-                # bf16 without the CPU's bf16 instructions: every product converted in software (docs/speed.md: on
-                # AVX2 only, the main job's step ~17x slower than in fp32)
-                + ("\nlumen train: this CPU has no bf16 arithmetic (AVX512-BF16 or AMX), so bf16 products are "
-                   "emulated and run slower than fp32 here; dtype = \"auto\" trains in fp32 on such a CPU"
-                   if self.bf16 and self.device.type == "cpu" and not cpu.native_bf16() else ""))
+                + (f"\nlumen train: {emulated}; dtype = \"auto\" trains in fp32 on such a CPU" if emulated else ""))
 
     def bad_loss_message(self, value: float, what: str = "loss", step: int | None = None) -> str:
         newest = self.run_dir.newest() if self.run_dir is not None else None
