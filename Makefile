@@ -39,12 +39,12 @@ demo: setup
 	$(BIN)/lumen train --preset shakespeare --resume
 
 # the linter, the type checker, then the unit tests and one real-model smoke test per feature (CI runs this,
-# via .ci/run: under 10 minutes on a busy 2-core machine)
+# via .ci/run: under 10 minutes on a busy 2-core machine), in one process per core (tests/conftest.py)
 test: lint typecheck
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n auto
 
 # the slow tier: every real-model comparison, compiled paths, subprocesses and training runs, a fresh install,
-# and every command of the README and docs as a newcomer types them (about an hour on 2 cores); then, on x86-64,
+# and every command of the README and docs as a newcomer types them (about half an hour on 2 cores); then, on x86-64,
 # the default tier again as a CPU without AVX-512 runs it (test-avx2, below)
 test-slow: setup saelens-venv cross llama-cpp
 	$(BIN)/python -m pytest -q -m slow
@@ -58,7 +58,7 @@ test-slow: setup saelens-venv cross llama-cpp
 AVX2_ONLY := LUMEN_CPU_FLAGS="avx avx2 fma f16c" ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
   MKL_ENABLE_INSTRUCTIONS=AVX2 TORCHINDUCTOR_CACHE_DIR=$${TMPDIR:-/tmp}/lumen-inductor-avx2
 test-avx2: setup
-	$(AVX2_ONLY) $(BIN)/python -m pytest -q -m "not slow"
+	$(AVX2_ONLY) $(BIN)/python -m pytest -q -m "not slow" -n auto
 
 # ARM64's kernels are tested under emulation: Debian's cross compiler and qemu-user (skipped, named, without them)
 cross:
@@ -97,7 +97,7 @@ llama-cpp: setup
 
 # the inner loop: the unit tests alone (no real model, no compiling)
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow and not smoke"
+	$(BIN)/python -m pytest -q -m "not slow and not smoke" -n auto
 
 lint: setup
 	$(BIN)/ruff check code tests bench

@@ -6,11 +6,34 @@ in Hugging Face transformers, both loaded once per test session from the same ca
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+
+from lumen.runtime.cpu import cpu_count
+from lumen.train.config import device_memory
+
+# `make test` runs the default tier in one process per core (pytest-xdist's `-n auto`); a process may hold ~4 GiB
+# at its peak (a real model beside its reference), so no more processes than memory holds that many times
+PEAK_BYTES = 4 << 30
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """How many processes `-n auto` starts: one per core this process may use, as many as memory allows."""
+    return max(1, min(cpu_count(), device_memory(torch.device("cpu")) // PEAK_BYTES or 1))
+
+
+def pytest_configure(config) -> None:
+    """In one of several processes, torch takes its share of the cores as threads, and so do the commands its
+    tests run: the threads of processes that outnumber the cores wait on each other at every join (two
+    processes with two threads each ran the tier slower than one process did, on 2 cores)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // int(workers))))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture
