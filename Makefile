@@ -47,7 +47,7 @@ test: lint typecheck
 # and every command of the README and docs as a newcomer types them (about half an hour on 2 cores); then, on x86-64,
 # the default tier again as a CPU without AVX-512 runs it (test-avx2, below)
 test-slow: setup saelens-venv cross llama-cpp
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow -n auto
 	@if [ "$$(uname -m)" = x86_64 ]; then $(MAKE) --no-print-directory test-avx2; fi
 
 # The default tier as an AVX2-only x86-64 CPU (an AMD Zen 1's flags) runs it, on any x86-64 machine: lumen deciding
