@@ -23,7 +23,7 @@ PEAK_BYTES = 4 << 30
 
 def pytest_xdist_auto_num_workers(config) -> int:
     """How many processes `-n auto` starts: one per core this process may use, as many as memory allows."""
-    return max(1, min(cpu_count(), device_memory(torch.device("cpu")) // PEAK_BYTES or 1))
+    return max(1, min(cpu_count(), device_memory(torch.device("cpu")) // PEAK_BYTES))
 
 
 def pytest_configure(config) -> None:

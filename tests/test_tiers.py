@@ -37,8 +37,10 @@ def test_threads():
 def test_each_process_takes_its_share_of_the_cores_as_threads(tmp_path):
     (tmp_path / "test_probe.py").write_text(PROBE)
     out = tmp_path / "threads.json"
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "PROBE_OUT": str(out)}
-    env.pop("OMP_NUM_THREADS", None)  # (as a user's shell has it)
+    # as a user's shell has it: no thread count, and none of the workers' marks of an outer `pytest -n` (through
+    # which the probe's processes would take the share from this one, not from their own conftest)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS" and not k.startswith("PYTEST_XDIST")}
+    env.update(PYTHONPATH=str(TESTS), PROBE_OUT=str(out))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "conftest", "-p", "no:cacheprovider",
                           "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py")],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
